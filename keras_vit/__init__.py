@@ -1,0 +1,35 @@
+"""keras_vit: Vision Transformers for Keras 3."""
+
+from keras_vit import layers
+from keras_vit.models import (
+    VARIANTS,
+    VisionTransformer,
+    ViT_B8,
+    ViT_B16,
+    ViT_B32,
+    ViT_H14,
+    ViT_L16,
+    ViT_L32,
+    ViT_S16,
+    ViT_S32,
+    ViT_Ti16,
+)
+from keras_vit.preprocessing import preprocess_inputs
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "VARIANTS",
+    "ViT_B8",
+    "ViT_B16",
+    "ViT_B32",
+    "ViT_H14",
+    "ViT_L16",
+    "ViT_L32",
+    "ViT_S16",
+    "ViT_S32",
+    "ViT_Ti16",
+    "VisionTransformer",
+    "layers",
+    "preprocess_inputs",
+]

@@ -1,0 +1,67 @@
+"""The `keras-vit` command: one sub-command per module of keras_vit.commands.
+
+Each module of `keras_vit.commands` named in COMMANDS defines
+`HELP` (one line), `add_arguments(parser)` and `run(args) -> int`. A user
+error (bad argument, missing file) is raised as `UsageError` or
+`ValueError` and printed with the usage, exit status 2, no traceback.
+"""
+
+import argparse
+import importlib
+import sys
+
+COMMANDS = {
+    "train": "keras_vit.commands.train",
+    "evaluate": "keras_vit.commands.evaluate",
+    "predict": "keras_vit.commands.predict",
+    "convert": "keras_vit.commands.convert",
+    "export": "keras_vit.commands.export",
+    "explain": "keras_vit.commands.explain",
+}
+
+
+class UsageError(Exception):
+    """A mistake in what the user asked for; reported without a traceback."""
+
+
+def _available_commands():
+    modules = {}
+    for name, module_name in COMMANDS.items():
+        try:
+            modules[name] = importlib.import_module(module_name)
+        except ModuleNotFoundError as error:
+            if error.name != module_name:
+                raise
+    return modules
+
+
+def build_parser(modules=None):
+    modules = _available_commands() if modules is None else modules
+    parser = argparse.ArgumentParser(
+        prog="keras-vit", description="Vision Transformers for Keras 3: train, evaluate, export."
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    subparsers.required = True
+    for name, module in modules.items():
+        sub = subparsers.add_parser(name, help=module.HELP, description=module.HELP)
+        module.add_arguments(sub)
+        sub.set_defaults(_run=module.run, _parser=sub)
+    return parser
+
+
+def main(argv=None):
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args._run(args) or 0)
+    except (UsageError, ValueError, FileNotFoundError) as error:
+        args._parser.print_usage(sys.stderr)
+        print(f"keras-vit {args.command}: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("keras-vit: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

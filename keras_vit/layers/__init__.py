@@ -1,0 +1,17 @@
+"""The layers of keras_vit, each usable on its own."""
+
+from keras_vit.layers.attention import MultiHeadSelfAttention
+from keras_vit.layers.encoder import PatchEncoder
+from keras_vit.layers.patches import Patches
+from keras_vit.layers.pooling import TokenPooling
+from keras_vit.layers.transformer import MLP, DropPath, TransformerBlock
+
+__all__ = [
+    "MLP",
+    "DropPath",
+    "MultiHeadSelfAttention",
+    "PatchEncoder",
+    "Patches",
+    "TokenPooling",
+    "TransformerBlock",
+]

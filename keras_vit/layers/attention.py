@@ -1,0 +1,121 @@
+"""Multi-head self-attention with one fused query/key/value projection."""
+
+import keras
+from keras import ops
+
+from keras_vit.layers._checks import positive_int
+from keras_vit.layers._checks import rate as check_rate
+
+
+def qkv_initializer():
+    """Xavier-uniform as the original draws each of q, k, v: (D, D) fans.
+
+    Over the fused (D, 3D) kernel, fan_avg is 2D instead of D, so a scale of
+    2 gives the same limit sqrt(6 / (D + D)) as three separate kernels.
+    """
+    return keras.initializers.VarianceScaling(scale=2.0, mode="fan_avg", distribution="uniform")
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class MultiHeadSelfAttention(keras.layers.Layer):
+    """Multi-head scaled dot-product self-attention.
+
+    The query, key and value projections are one Dense layer `qkv` of width
+    3 * D, laid out as [query | key | value], each head-major (heads, head_dim).
+    The attention logits are scaled by 1 / sqrt(head_dim) and the softmax is
+    computed in float32 whatever the compute dtype.
+
+    Args:
+        num_heads: number of attention heads; must divide the token width.
+        attention_dropout_rate: dropout on the attention weights.
+        dropout_rate: dropout on the output projection.
+
+    Call arguments:
+        inputs: a (batch, tokens, hidden_dim) tensor.
+        training: whether dropout is active.
+
+    Returns:
+        A (batch, tokens, hidden_dim) tensor.
+
+    Example:
+    >>> import numpy as np
+    >>> MultiHeadSelfAttention(num_heads=2)(np.zeros((1, 5, 8), "float32")).shape
+    (1, 5, 8)
+    """
+
+    def __init__(self, num_heads, attention_dropout_rate=0.0, dropout_rate=0.0, **kwargs):
+        super().__init__(**kwargs)
+        self.num_heads = positive_int("num_heads", num_heads)
+        self.attention_dropout_rate = check_rate("attention_dropout_rate", attention_dropout_rate)
+        self.dropout_rate = check_rate("dropout_rate", dropout_rate)
+        self.attention_dropout = keras.layers.Dropout(
+            self.attention_dropout_rate, dtype=self.dtype_policy, name="attention_dropout"
+        )
+        self.output_dropout = keras.layers.Dropout(
+            self.dropout_rate, dtype=self.dtype_policy, name="output_dropout"
+        )
+
+    def build(self, input_shape):
+        if len(input_shape) != 3 or input_shape[-1] is None:
+            raise ValueError(
+                "MultiHeadSelfAttention expects inputs of shape (batch, tokens, hidden_dim). "
+                f"Received: input_shape={tuple(input_shape)}"
+            )
+        hidden_dim = input_shape[-1]
+        if hidden_dim % self.num_heads:
+            raise ValueError(
+                "`hidden_dim` must be divisible by `num_heads`. "
+                f"Received: hidden_dim={hidden_dim}, num_heads={self.num_heads}"
+            )
+        self.hidden_dim = hidden_dim
+        self.head_dim = hidden_dim // self.num_heads
+        self.qkv = keras.layers.Dense(
+            3 * hidden_dim,
+            kernel_initializer=qkv_initializer(),
+            dtype=self.dtype_policy,
+            name="qkv",
+        )
+        self.qkv.build(input_shape)
+        self.proj = keras.layers.Dense(
+            hidden_dim,
+            kernel_initializer="glorot_uniform",
+            dtype=self.dtype_policy,
+            name="proj",
+        )
+        self.proj.build(input_shape)
+        self.built = True
+
+    def _split_heads(self, inputs):
+        qkv = self.qkv(inputs)
+        qkv = ops.reshape(qkv, (-1, inputs.shape[1], 3, self.num_heads, self.head_dim))
+        qkv = ops.transpose(qkv, (2, 0, 3, 1, 4))
+        return qkv[0], qkv[1], qkv[2]
+
+    def _attention_weights(self, query, key):
+        query = query * ops.cast(self.head_dim**-0.5, query.dtype)
+        logits = ops.matmul(query, ops.transpose(key, (0, 1, 3, 2)))
+        return ops.softmax(ops.cast(logits, "float32"), axis=-1)
+
+    def attention_weights(self, inputs):
+        """The (batch, heads, tokens, tokens) attention weights for `inputs`."""
+        query, key, _ = self._split_heads(inputs)
+        return self._attention_weights(query, key)
+
+    def call(self, inputs, training=None):
+        query, key, value = self._split_heads(inputs)
+        weights = ops.cast(self._attention_weights(query, key), value.dtype)
+        weights = self.attention_dropout(weights, training=training)
+        x = ops.matmul(weights, value)
+        x = ops.reshape(ops.transpose(x, (0, 2, 1, 3)), (-1, inputs.shape[1], self.hidden_dim))
+        return self.output_dropout(self.proj(x), training=training)
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape)
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "num_heads": self.num_heads,
+            "attention_dropout_rate": self.attention_dropout_rate,
+            "dropout_rate": self.dropout_rate,
+        }

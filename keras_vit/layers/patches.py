@@ -1,0 +1,92 @@
+"""Cutting images into flattened, non-overlapping patches."""
+
+import keras
+from keras import ops
+
+from keras_vit.layers._checks import as_pair
+
+
+def extract_patches(images, patch_size):
+    """Cut (B, H, W, C) images into (B, N, P_h * P_w * C) patches.
+
+    The patches are ordered row-major over the (H / P_h, W / P_w) grid and
+    each patch is flattened row-major over (P_h, P_w, C), which is the order
+    a P x P stride-P convolution kernel of shape (P_h, P_w, C, D) expects
+    when reshaped to (P_h * P_w * C, D).
+    """
+    patch_h, patch_w = patch_size
+    height, width, channels = images.shape[1], images.shape[2], images.shape[3]
+    grid_h, grid_w = height // patch_h, width // patch_w
+    x = ops.reshape(images, (-1, grid_h, patch_h, grid_w, patch_w, channels))
+    x = ops.transpose(x, (0, 1, 3, 2, 4, 5))
+    return ops.reshape(x, (-1, grid_h * grid_w, patch_h * patch_w * channels))
+
+
+def check_image_shape(layer_name, shape, patch_size, channels=None):
+    """Raise a ValueError unless `shape` is (batch, H, W, C) tiling by patches."""
+    if len(shape) != 4:
+        raise ValueError(
+            f"{layer_name} expects images of rank 4 (batch, height, width, "
+            f"channels). Received: images.shape={tuple(shape)}"
+        )
+    height, width, num_channels = shape[1], shape[2], shape[3]
+    if height is None or width is None or num_channels is None:
+        raise ValueError(
+            f"{layer_name} needs a static height, width and channel count. "
+            f"Received: images.shape={tuple(shape)}"
+        )
+    if channels is not None and num_channels != channels:
+        raise ValueError(
+            f"{layer_name} expects images with {channels} channels. "
+            f"Received: images.shape={tuple(shape)}"
+        )
+    if height % patch_size[0] or width % patch_size[1]:
+        raise ValueError(
+            f"{layer_name}: the image size must be divisible by the patch size. "
+            f"Received: image size=({height}, {width}), "
+            f"patch_size={tuple(patch_size)}"
+        )
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class Patches(keras.layers.Layer):
+    """Cuts images into flattened, non-overlapping patches.
+
+    An image of shape (H, W, C) becomes N = (H / P_h) * (W / P_w) patches,
+    each flattened row-major over (P_h, P_w, C).
+
+    Args:
+        patch_size: int or (height, width) of a patch.
+
+    Call arguments:
+        images: a (batch, height, width, channels) tensor whose height and
+            width are multiples of the patch size.
+
+    Returns:
+        A (batch, num_patches, patch_h * patch_w * channels) tensor.
+
+    Example:
+    >>> import numpy as np
+    >>> Patches(4)(np.zeros((2, 8, 12, 3), "float32")).shape
+    (2, 6, 48)
+    """
+
+    def __init__(self, patch_size, **kwargs):
+        super().__init__(**kwargs)
+        self.patch_size = as_pair("patch_size", patch_size)
+
+    def build(self, input_shape):
+        check_image_shape(self.__class__.__name__, input_shape, self.patch_size)
+        self.built = True
+
+    def call(self, images):
+        check_image_shape(self.__class__.__name__, images.shape, self.patch_size)
+        return extract_patches(images, self.patch_size)
+
+    def compute_output_shape(self, input_shape):
+        batch, height, width, channels = input_shape
+        num_patches = (height // self.patch_size[0]) * (width // self.patch_size[1])
+        return (batch, num_patches, self.patch_size[0] * self.patch_size[1] * channels)
+
+    def get_config(self):
+        return {**super().get_config(), "patch_size": self.patch_size}

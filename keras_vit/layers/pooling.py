@@ -1,0 +1,45 @@
+"""Reducing the token sequence to one feature vector."""
+
+import keras
+from keras import ops
+
+from keras_vit.layers._checks import one_of
+
+POOLINGS = ("token", "gap")
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class TokenPooling(keras.layers.Layer):
+    """Pools a token sequence: the class token, or the mean of all tokens.
+
+    Args:
+        pooling: "token" takes the first (class) token; "gap" averages all
+            tokens (the original's global average pooling, applied after the
+            final LayerNorm).
+
+    Call arguments:
+        inputs: a (batch, tokens, hidden_dim) tensor.
+
+    Returns:
+        A (batch, hidden_dim) tensor.
+
+    Example:
+    >>> import numpy as np
+    >>> TokenPooling("gap")(np.ones((2, 5, 8), "float32")).shape
+    (2, 8)
+    """
+
+    def __init__(self, pooling="token", **kwargs):
+        super().__init__(**kwargs)
+        self.pooling = one_of("pooling", pooling, POOLINGS)
+
+    def call(self, inputs):
+        if self.pooling == "token":
+            return inputs[:, 0]
+        return ops.mean(inputs, axis=1)
+
+    def compute_output_shape(self, input_shape):
+        return (input_shape[0], input_shape[-1])
+
+    def get_config(self):
+        return {**super().get_config(), "pooling": self.pooling}

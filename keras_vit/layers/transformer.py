@@ -1,0 +1,228 @@
+"""The pre-norm transformer encoder block, its MLP and stochastic depth."""
+
+import keras
+from keras import ops
+
+from keras_vit.layers._checks import positive_int
+from keras_vit.layers._checks import rate as check_rate
+from keras_vit.layers.attention import MultiHeadSelfAttention
+
+LAYER_NORM_EPSILON = 1e-6
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class DropPath(keras.layers.Layer):
+    """Stochastic depth: drops the whole residual branch per sample.
+
+    In training each sample's branch is zeroed with probability `rate` and
+    the survivors are scaled by 1 / (1 - rate); at inference it is the
+    identity.
+
+    Args:
+        rate: the drop probability, in [0, 1).
+        seed: optional int seed of the random draws.
+
+    Call arguments:
+        inputs: a tensor whose first axis is the batch.
+        training: whether to drop.
+
+    Returns:
+        A tensor of the shape of `inputs`.
+
+    Example:
+    >>> import numpy as np
+    >>> DropPath(0.5)(np.ones((2, 3), "float32")).shape
+    (2, 3)
+    """
+
+    def __init__(self, rate=0.0, seed=None, **kwargs):
+        super().__init__(**kwargs)
+        self.rate = check_rate("rate", rate)
+        self.seed = seed
+        self.seed_generator = keras.random.SeedGenerator(seed)
+
+    def call(self, inputs, training=None):
+        if not training or self.rate == 0.0:
+            return inputs
+        keep = 1.0 - self.rate
+        shape = (ops.shape(inputs)[0],) + (1,) * (len(inputs.shape) - 1)
+        noise = keras.random.uniform(shape, seed=self.seed_generator, dtype=inputs.dtype)
+        mask = ops.floor(noise + ops.cast(keep, inputs.dtype))
+        return inputs * mask / ops.cast(keep, inputs.dtype)
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape)
+
+    def get_config(self):
+        return {**super().get_config(), "rate": self.rate, "seed": self.seed}
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class MLP(keras.layers.Layer):
+    """The transformer's feed-forward block: Dense -> GELU -> Dense.
+
+    Dropout follows each Dense layer. Kernels are xavier-uniform and biases
+    normal(stddev=1e-6), as in the original.
+
+    Args:
+        mlp_dim: width of the hidden layer.
+        dropout_rate: dropout after each Dense layer.
+        approximate_gelu: the tanh approximation of GELU (the original Flax
+            code) instead of the exact erf form (timm, Hugging Face).
+
+    Call arguments:
+        inputs: a (..., hidden_dim) tensor.
+        training: whether dropout is active.
+
+    Returns:
+        A tensor of the shape of `inputs`.
+
+    Example:
+    >>> import numpy as np
+    >>> MLP(mlp_dim=32)(np.zeros((1, 5, 8), "float32")).shape
+    (1, 5, 8)
+    """
+
+    def __init__(self, mlp_dim, dropout_rate=0.0, approximate_gelu=False, **kwargs):
+        super().__init__(**kwargs)
+        self.mlp_dim = positive_int("mlp_dim", mlp_dim)
+        self.dropout_rate = check_rate("dropout_rate", dropout_rate)
+        self.approximate_gelu = bool(approximate_gelu)
+        self.dropout = keras.layers.Dropout(
+            self.dropout_rate, dtype=self.dtype_policy, name="dropout"
+        )
+
+    def build(self, input_shape):
+        bias_initializer = keras.initializers.RandomNormal(stddev=1e-6)
+        self.fc1 = keras.layers.Dense(
+            self.mlp_dim,
+            kernel_initializer="glorot_uniform",
+            bias_initializer=bias_initializer,
+            dtype=self.dtype_policy,
+            name="fc1",
+        )
+        self.fc1.build(input_shape)
+        self.fc2 = keras.layers.Dense(
+            input_shape[-1],
+            kernel_initializer="glorot_uniform",
+            bias_initializer=bias_initializer,
+            dtype=self.dtype_policy,
+            name="fc2",
+        )
+        self.fc2.build((*input_shape[:-1], self.mlp_dim))
+        self.built = True
+
+    def call(self, inputs, training=None):
+        x = keras.activations.gelu(self.fc1(inputs), approximate=self.approximate_gelu)
+        x = self.dropout(x, training=training)
+        return self.dropout(self.fc2(x), training=training)
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape)
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "mlp_dim": self.mlp_dim,
+            "dropout_rate": self.dropout_rate,
+            "approximate_gelu": self.approximate_gelu,
+        }
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class TransformerBlock(keras.layers.Layer):
+    """A pre-norm transformer encoder block.
+
+    x = x + DropPath(MSA(LayerNorm(x))); x = x + DropPath(MLP(LayerNorm(x))),
+    with LayerNorm epsilon 1e-6 (computed in float32).
+
+    Args:
+        num_heads: number of attention heads; must divide the token width.
+        mlp_dim: width of the MLP's hidden layer.
+        dropout_rate: dropout after the attention projection and in the MLP.
+        attention_dropout_rate: dropout on the attention weights.
+        drop_path_rate: stochastic-depth rate of both residual branches.
+        approximate_gelu: tanh-approximate GELU (the original) or exact.
+
+    Call arguments:
+        inputs: a (batch, tokens, hidden_dim) tensor.
+        training: whether dropout and stochastic depth are active.
+
+    Returns:
+        A (batch, tokens, hidden_dim) tensor.
+
+    Example:
+    >>> import numpy as np
+    >>> TransformerBlock(num_heads=2, mlp_dim=32)(np.zeros((1, 5, 8), "float32")).shape
+    (1, 5, 8)
+    """
+
+    def __init__(
+        self,
+        num_heads,
+        mlp_dim,
+        dropout_rate=0.0,
+        attention_dropout_rate=0.0,
+        drop_path_rate=0.0,
+        approximate_gelu=False,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.num_heads = positive_int("num_heads", num_heads)
+        self.mlp_dim = positive_int("mlp_dim", mlp_dim)
+        self.dropout_rate = check_rate("dropout_rate", dropout_rate)
+        self.attention_dropout_rate = check_rate("attention_dropout_rate", attention_dropout_rate)
+        self.drop_path_rate = check_rate("drop_path_rate", drop_path_rate)
+        self.approximate_gelu = bool(approximate_gelu)
+        policy = self.dtype_policy
+        self.norm1 = keras.layers.LayerNormalization(
+            epsilon=LAYER_NORM_EPSILON, dtype=policy, name="norm1"
+        )
+        self.attention = MultiHeadSelfAttention(
+            self.num_heads,
+            attention_dropout_rate=self.attention_dropout_rate,
+            dropout_rate=self.dropout_rate,
+            dtype=policy,
+            name="attention",
+        )
+        self.norm2 = keras.layers.LayerNormalization(
+            epsilon=LAYER_NORM_EPSILON, dtype=policy, name="norm2"
+        )
+        self.mlp = MLP(
+            self.mlp_dim,
+            dropout_rate=self.dropout_rate,
+            approximate_gelu=self.approximate_gelu,
+            dtype=policy,
+            name="mlp",
+        )
+        self.drop_path = DropPath(self.drop_path_rate, dtype=policy, name="drop_path")
+
+    def build(self, input_shape):
+        if len(input_shape) != 3 or input_shape[-1] is None:
+            raise ValueError(
+                "TransformerBlock expects inputs of shape (batch, tokens, hidden_dim). "
+                f"Received: input_shape={tuple(input_shape)}"
+            )
+        for layer in (self.norm1, self.attention, self.norm2, self.mlp):
+            layer.build(input_shape)
+        self.built = True
+
+    def call(self, inputs, training=None):
+        x = self.attention(self.norm1(inputs), training=training)
+        x = inputs + self.drop_path(x, training=training)
+        y = self.mlp(self.norm2(x), training=training)
+        return x + self.drop_path(y, training=training)
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape)
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "num_heads": self.num_heads,
+            "mlp_dim": self.mlp_dim,
+            "dropout_rate": self.dropout_rate,
+            "attention_dropout_rate": self.attention_dropout_rate,
+            "drop_path_rate": self.drop_path_rate,
+            "approximate_gelu": self.approximate_gelu,
+        }
