@@ -1,0 +1,47 @@
+"""Shared test settings: quiet TensorFlow, a backend marker, tiny models."""
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+# A tiny configuration: seconds per test on two cores.
+TINY = dict(
+    image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=32, mlp_dim=64, num_classes=10
+)
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "tensorflow_only: needs TensorFlow itself (tf.data, tf.distribute, SavedModel)"
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    if keras.backend.backend() == "tensorflow":
+        return
+    skip = pytest.mark.skip(reason=f"needs the TensorFlow backend, not {keras.backend.backend()}")
+    for item in items:
+        if "tensorflow_only" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _seed_and_clear():
+    keras.utils.set_random_seed(0)
+    yield
+    keras.config.set_dtype_policy("float32")
+    keras.backend.clear_session()
+
+
+@pytest.fixture
+def tiny_config():
+    return dict(TINY)
+
+
+@pytest.fixture
+def images():
+    return np.random.default_rng(0).uniform(-1, 1, size=(2, 32, 32, 3)).astype("float32")
