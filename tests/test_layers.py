@@ -1,0 +1,285 @@
+"""Each layer against a direct NumPy computation, round trips and bad input."""
+
+import math
+
+import keras
+import numpy as np
+import pytest
+
+from keras_vit import layers
+
+RNG = np.random.default_rng(1)
+
+
+def np_layer_norm(x, gamma, beta, epsilon=1e-6):
+    mean = x.mean(-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(-1, keepdims=True)
+    return (x - mean) / np.sqrt(var + epsilon) * gamma + beta
+
+
+def np_gelu(x, approximate):
+    if approximate:
+        return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
+    return 0.5 * x * (1 + np.vectorize(math.erf)(x / math.sqrt(2)))
+
+
+def np_softmax(x):
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def np_attention(x, qkv_kernel, qkv_bias, proj_kernel, proj_bias, num_heads):
+    batch, tokens, dim = x.shape
+    head_dim = dim // num_heads
+    qkv = x @ qkv_kernel + qkv_bias
+    q, k, v = (
+        qkv[..., i * dim : (i + 1) * dim].reshape(batch, tokens, num_heads, head_dim)
+        for i in range(3)
+    )
+    logits = np.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(head_dim)
+    weights = np_softmax(logits)
+    out = np.einsum("bhqk,bkhd->bqhd", weights, v).reshape(batch, tokens, dim)
+    return out @ proj_kernel + proj_bias, weights
+
+
+def perturb(layer):
+    """Give every weight random values so that each one matters."""
+    for weight in layer.weights:
+        weight.assign(RNG.normal(0, 0.5, weight.shape).astype("float32"))
+
+
+def to_numpy(x):
+    return keras.ops.convert_to_numpy(x)
+
+
+def assert_round_trip(layer, inputs):
+    """get_config -> from_config gives the same config, and the same outputs."""
+    expected = to_numpy(layer(inputs))
+    config = layer.get_config()
+    clone = layer.__class__.from_config(config)
+    assert clone.get_config() == config
+    clone(inputs)
+    clone.set_weights(layer.get_weights())
+    np.testing.assert_allclose(to_numpy(clone(inputs)), expected, rtol=1e-6, atol=1e-6)
+    # Through the registered serialization path as well.
+    revived = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(layer))
+    assert type(revived) is type(layer) and revived.get_config() == config
+
+
+# Patches ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "image_shape, patch_size", [((32, 32), 8), ((24, 40), (4, 8)), ((8, 6), (2, 3))]
+)
+def test_patches_match_numpy_row_major_order(image_shape, patch_size):
+    images = RNG.normal(size=(2, *image_shape, 3)).astype("float32")
+    ph, pw = (patch_size, patch_size) if isinstance(patch_size, int) else patch_size
+    out = to_numpy(layers.Patches(patch_size)(images))
+    gh, gw = image_shape[0] // ph, image_shape[1] // pw
+    assert out.shape == (2, gh * gw, ph * pw * 3)
+    for b in range(2):
+        for row in range(gh):
+            for col in range(gw):
+                patch = images[b, row * ph : (row + 1) * ph, col * pw : (col + 1) * pw, :]
+                np.testing.assert_array_equal(out[b, row * gw + col], patch.reshape(-1))
+
+
+def test_patches_round_trip():
+    assert_round_trip(layers.Patches((4, 8)), RNG.normal(size=(1, 16, 16, 3)).astype("float32"))
+
+
+@pytest.mark.parametrize(
+    "shape, message",
+    [((2, 30, 32, 3), "divisible"), ((2, 32, 32), "rank 4"), ((32, 32, 3, 1, 1), "rank 4")],
+)
+def test_patches_reject_bad_images(shape, message):
+    with pytest.raises(ValueError, match=message):
+        layers.Patches(8)(np.zeros(shape, "float32"))
+
+
+@pytest.mark.parametrize("patch_size", [0, -4, 2.5, (4,), (4, 0), "8", True])
+def test_patches_reject_bad_patch_size(patch_size):
+    with pytest.raises(ValueError, match="patch_size"):
+        layers.Patches(patch_size)
+
+
+# PatchEncoder ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("class_token", [True, False])
+def test_patch_encoder_matches_flattened_projection(class_token):
+    images = RNG.normal(size=(2, 16, 24, 3)).astype("float32")
+    layer = layers.PatchEncoder((4, 8), hidden_dim=10, class_token=class_token)
+    layer(images)
+    perturb(layer)
+    out = to_numpy(layer(images))
+    patches = to_numpy(layers.Patches((4, 8))(images))
+    kernel = to_numpy(layer.kernel)
+    assert kernel.shape == (4, 8, 3, 10)  # the conv layout of the checkpoints
+    expected = patches @ kernel.reshape(-1, 10) + to_numpy(layer.bias)
+    if class_token:
+        cls = np.broadcast_to(to_numpy(layer.cls_token), (2, 1, 10))
+        expected = np.concatenate([cls, expected], axis=1)
+    expected = expected + to_numpy(layer.position_embedding)
+    assert out.shape == (2, 4 * 3 + int(class_token), 10)
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_patch_encoder_initialisation_is_the_originals():
+    layer = layers.PatchEncoder(4, hidden_dim=256)
+    layer(np.zeros((1, 64, 64, 3), "float32"))
+    np.testing.assert_array_equal(to_numpy(layer.cls_token), 0.0)
+    assert abs(float(np.std(to_numpy(layer.position_embedding))) - 0.02) < 0.002
+    np.testing.assert_array_equal(to_numpy(layer.bias), 0.0)
+
+
+def test_patch_encoder_round_trip():
+    assert_round_trip(
+        layers.PatchEncoder(8, hidden_dim=16, class_token=False),
+        RNG.normal(size=(2, 32, 16, 3)).astype("float32"),
+    )
+
+
+def test_patch_encoder_rejects_wrong_channels_and_grid():
+    layer = layers.PatchEncoder(8, hidden_dim=16)
+    layer(np.zeros((1, 32, 32, 3), "float32"))
+    with pytest.raises(ValueError, match="3 channels"):
+        layer(np.zeros((1, 32, 32, 1), "float32"))
+    with pytest.raises(ValueError, match="built for a"):
+        layer(np.zeros((1, 64, 64, 3), "float32"))
+    with pytest.raises(ValueError, match="hidden_dim"):
+        layers.PatchEncoder(8, hidden_dim=0)
+    with pytest.raises(TypeError, match="class_token"):
+        layers.PatchEncoder(8, hidden_dim=8, class_token="yes")
+
+
+# Attention, MLP, DropPath, TransformerBlock ---------------------------------
+
+
+def test_attention_matches_numpy():
+    x = RNG.normal(size=(2, 7, 12)).astype("float32")
+    layer = layers.MultiHeadSelfAttention(num_heads=3)
+    layer(x)
+    perturb(layer)
+    expected, expected_weights = np_attention(
+        x,
+        *(
+            to_numpy(w)
+            for w in (layer.qkv.kernel, layer.qkv.bias, layer.proj.kernel, layer.proj.bias)
+        ),
+        3,
+    )
+    np.testing.assert_allclose(to_numpy(layer(x)), expected, rtol=1e-4, atol=1e-4)
+    weights = to_numpy(layer.attention_weights(x))
+    np.testing.assert_allclose(weights, expected_weights, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-5)
+
+
+def test_attention_initialisation_limits_match_separate_xavier_kernels():
+    layer = layers.MultiHeadSelfAttention(num_heads=4)
+    layer.build((None, 5, 256))
+    limit = math.sqrt(6 / (256 + 256))  # xavier-uniform of one (D, D) projection
+    kernel = to_numpy(layer.qkv.kernel)
+    assert kernel.shape == (256, 768)
+    assert kernel.max() <= limit and kernel.max() > 0.95 * limit
+    np.testing.assert_array_equal(to_numpy(layer.qkv.bias), 0.0)
+
+
+def test_attention_round_trip_and_errors():
+    assert_round_trip(
+        layers.MultiHeadSelfAttention(2, attention_dropout_rate=0.1, dropout_rate=0.2),
+        RNG.normal(size=(1, 5, 8)).astype("float32"),
+    )
+    with pytest.raises(
+        ValueError, match="hidden_dim.*divisible by `num_heads`.*hidden_dim=10, num_heads=3"
+    ):
+        layers.MultiHeadSelfAttention(num_heads=3)(np.zeros((1, 4, 10), "float32"))
+    with pytest.raises(ValueError, match="num_heads"):
+        layers.MultiHeadSelfAttention(num_heads=0)
+    with pytest.raises(ValueError, match="attention_dropout_rate"):
+        layers.MultiHeadSelfAttention(num_heads=2, attention_dropout_rate=1.5)
+
+
+@pytest.mark.parametrize("approximate", [False, True])
+def test_mlp_matches_numpy(approximate):
+    x = RNG.normal(size=(2, 5, 8)).astype("float32")
+    layer = layers.MLP(mlp_dim=16, approximate_gelu=approximate)
+    layer(x)
+    perturb(layer)
+    hidden = np_gelu(x @ to_numpy(layer.fc1.kernel) + to_numpy(layer.fc1.bias), approximate)
+    expected = hidden @ to_numpy(layer.fc2.kernel) + to_numpy(layer.fc2.bias)
+    np.testing.assert_allclose(to_numpy(layer(x)), expected, rtol=1e-4, atol=1e-4)
+    assert_round_trip(layer, x)
+
+
+def test_mlp_bias_initialisation_is_tiny_normal():
+    layer = layers.MLP(mlp_dim=4096)
+    layer.build((None, 3, 1024))
+    bias = to_numpy(layer.fc1.bias)
+    assert 0 < np.std(bias) < 1e-5
+
+
+def test_drop_path_is_identity_at_inference_and_drops_whole_samples():
+    x = np.ones((4000, 3, 2), "float32")
+    layer = layers.DropPath(0.25, seed=3)
+    np.testing.assert_array_equal(to_numpy(layer(x)), x)
+    out = to_numpy(layer(x, training=True))
+    per_sample = out.reshape(4000, -1)
+    # Each sample is either all dropped or all kept and rescaled by 1 / 0.75.
+    assert np.all((per_sample == 0).all(1) | np.isclose(per_sample, 1 / 0.75).all(1))
+    assert 0.2 < (per_sample == 0).all(1).mean() < 0.3
+    assert_round_trip(layers.DropPath(0.1, seed=1), x[:2])
+    with pytest.raises(ValueError, match="rate"):
+        layers.DropPath(1.0)
+
+
+def test_transformer_block_matches_numpy_composition():
+    x = RNG.normal(size=(2, 6, 8)).astype("float32")
+    block = layers.TransformerBlock(num_heads=2, mlp_dim=16, approximate_gelu=True)
+    block(x)
+    perturb(block)
+    w = {name: to_numpy(v) for name, v in zip([v.path for v in block.weights], block.weights)}
+
+    def get(suffix):
+        (match,) = [value for path, value in w.items() if path.endswith(suffix)]
+        return match
+
+    h = np_layer_norm(x, get("norm1/gamma"), get("norm1/beta"))
+    attn, _ = np_attention(
+        h, get("qkv/kernel"), get("qkv/bias"), get("proj/kernel"), get("proj/bias"), 2
+    )
+    x1 = x + attn
+    h = np_layer_norm(x1, get("norm2/gamma"), get("norm2/beta"))
+    mlp = np_gelu(h @ get("fc1/kernel") + get("fc1/bias"), True) @ get("fc2/kernel") + get(
+        "fc2/bias"
+    )
+    np.testing.assert_allclose(to_numpy(block(x)), x1 + mlp, rtol=1e-4, atol=1e-4)
+    assert block.norm1.epsilon == 1e-6 and block.norm2.epsilon == 1e-6
+
+
+def test_transformer_block_round_trip_and_errors():
+    assert_round_trip(
+        layers.TransformerBlock(
+            num_heads=2,
+            mlp_dim=16,
+            dropout_rate=0.1,
+            attention_dropout_rate=0.1,
+            drop_path_rate=0.2,
+            approximate_gelu=True,
+        ),
+        RNG.normal(size=(1, 5, 8)).astype("float32"),
+    )
+    with pytest.raises(ValueError, match="mlp_dim"):
+        layers.TransformerBlock(num_heads=2, mlp_dim=-1)
+    with pytest.raises(ValueError, match="tokens, hidden_dim"):
+        layers.TransformerBlock(num_heads=2, mlp_dim=8)(np.zeros((2, 8), "float32"))
+
+
+def test_token_pooling():
+    x = RNG.normal(size=(2, 5, 4)).astype("float32")
+    np.testing.assert_allclose(to_numpy(layers.TokenPooling("token")(x)), x[:, 0])
+    np.testing.assert_allclose(to_numpy(layers.TokenPooling("gap")(x)), x.mean(1), rtol=1e-6)
+    assert_round_trip(layers.TokenPooling("gap"), x)
+    with pytest.raises(ValueError, match="pooling.*'token', 'gap'.*Received: pooling='max'"):
+        layers.TokenPooling("max")

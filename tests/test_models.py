@@ -1,0 +1,225 @@
+"""The model builder: parameter counts, pooling, heads, mixed precision,
+initialisation, serialization, fit, and bad arguments."""
+
+import os
+
+import keras
+import numpy as np
+import pytest
+
+import keras_vit
+from keras_vit.models import VARIANTS
+
+# Parameter counts with a 1000-class head at 224, as published for the
+# original checkpoints (DESIGN.md); ViT-S/32 as timm counts it
+# (vit_small_patch32_224, 22,878,952), which DESIGN.md does not list.
+PARAMETER_COUNTS = {
+    "ViT_Ti16": 5_717_416,
+    "ViT_S16": 22_050_664,
+    "ViT_S32": 22_878_952,
+    "ViT_B8": 86_576_872,
+    "ViT_B16": 86_567_656,
+    "ViT_B32": 88_224_232,
+    "ViT_L16": 304_326_632,
+    "ViT_L32": 306_535_400,
+    "ViT_H14": 632_045_800,
+    "ViT_R50_B16": 98_659_112,
+}
+
+
+def to_numpy(x):
+    return keras.ops.convert_to_numpy(x)
+
+
+def test_every_variant_has_a_parameter_count_check():
+    constructors = {name for name in keras_vit.__all__ if name.startswith("ViT_")}
+    assert set(VARIANTS) <= constructors
+    missing = constructors - set(PARAMETER_COUNTS)
+    assert not missing, f"variants without a parameter-count check: {sorted(missing)}"
+
+
+@pytest.mark.parametrize("name", sorted(PARAMETER_COUNTS))
+def test_parameter_count_equals_the_original(name):
+    if not hasattr(keras_vit, name):
+        pytest.fail(f"keras_vit.{name} is missing")
+    model = getattr(keras_vit, name)()
+    assert model.count_params() == PARAMETER_COUNTS[name]
+
+
+def test_forward_shapes_token_and_gap(tiny_config, images):
+    model = keras_vit.VisionTransformer(**tiny_config)
+    assert model.get_layer("patch_encoder").output.shape == (None, 17, 32)
+    assert model(images).shape == (2, 10)
+    gap = keras_vit.VisionTransformer(**{**tiny_config, "pooling": "gap"})
+    assert gap.get_layer("patch_encoder").output.shape == (None, 16, 32)
+    assert not gap.get_layer("patch_encoder").class_token
+    assert gap(images).shape == (2, 10)
+
+
+def test_gap_is_layer_norm_then_mean_of_all_tokens(tiny_config, images):
+    model = keras_vit.VisionTransformer(**{**tiny_config, "pooling": "gap", "num_classes": 0})
+    normed = keras.Model(model.input, model.get_layer("encoder_norm").output)(images)
+    np.testing.assert_allclose(
+        to_numpy(model(images)), to_numpy(normed).mean(axis=1), rtol=1e-5, atol=1e-6
+    )
+
+
+def test_features_pre_logits_and_activation(tiny_config, images):
+    features = keras_vit.VisionTransformer(**{**tiny_config, "num_classes": 0})
+    assert features.output_shape == (None, 32)
+    assert "head" not in [layer.name for layer in features.layers]
+    rep = keras_vit.VisionTransformer(**{**tiny_config, "representation_size": 24})
+    assert rep.get_layer("pre_logits").kernel.shape == (32, 24)
+    assert rep.get_layer("pre_logits").activation is keras.activations.tanh
+    probs = keras_vit.VisionTransformer(**{**tiny_config, "classifier_activation": "softmax"})
+    probs.get_layer("head").kernel.assign(np.random.default_rng(0).normal(size=(32, 10)))
+    np.testing.assert_allclose(to_numpy(probs(images)).sum(-1), 1.0, atol=1e-5)
+
+
+def test_non_square_images_and_patches(images):
+    model = keras_vit.VisionTransformer(
+        image_size=(32, 48),
+        patch_size=(8, 16),
+        num_layers=1,
+        num_heads=2,
+        hidden_dim=16,
+        mlp_dim=32,
+        num_classes=3,
+    )
+    assert model.get_layer("patch_encoder").grid_size == (4, 3)
+    assert model(np.zeros((1, 32, 48, 3), "float32")).shape == (1, 3)
+
+
+def test_initialisation_is_the_originals(tiny_config):
+    model = keras_vit.VisionTransformer(**tiny_config)
+    np.testing.assert_array_equal(to_numpy(model.get_layer("head").kernel), 0.0)
+    np.testing.assert_array_equal(to_numpy(model.get_layer("head").bias), 0.0)
+    encoder = model.get_layer("patch_encoder")
+    np.testing.assert_array_equal(to_numpy(encoder.cls_token), 0.0)
+    block = model.get_layer("transformer_block_0")
+    np.testing.assert_array_equal(to_numpy(block.norm1.gamma), 1.0)
+    assert 0 < np.abs(to_numpy(block.mlp.fc1.bias)).max() < 1e-5
+
+
+def test_drop_path_rate_grows_linearly_over_blocks(tiny_config):
+    model = keras_vit.VisionTransformer(**{**tiny_config, "num_layers": 3, "drop_path_rate": 0.2})
+    rates = [model.get_layer(f"transformer_block_{i}").drop_path_rate for i in range(3)]
+    np.testing.assert_allclose(rates, [0.0, 0.1, 0.2])
+
+
+@pytest.mark.parametrize("policy", ["mixed_bfloat16", "mixed_float16"])
+def test_mixed_precision_end_to_end(tiny_config, images, policy):
+    model = keras_vit.VisionTransformer(**tiny_config, dtype=policy)
+    assert all(v.dtype == "float32" for v in model.weights)
+    block = model.get_layer("transformer_block_0")
+    assert block.attention.compute_dtype == policy.split("_")[1]
+    tokens = keras.ops.cast(keras.ops.ones((2, 17, 32)), block.compute_dtype)
+    assert (
+        keras.backend.standardize_dtype(block.attention.attention_weights(tokens).dtype)
+        == "float32"
+    )
+    logits = model(images)
+    assert keras.backend.standardize_dtype(logits.dtype) == "float32"
+    optimizer = keras.optimizers.AdamW(1e-3)
+    if policy == "mixed_float16":
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+    model.compile(
+        optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    )
+    history = model.fit(images, np.array([1, 2]), epochs=2, batch_size=2, verbose=0)
+    assert np.all(np.isfinite(history.history["loss"]))
+
+
+def test_keras_file_round_trip_with_safe_mode(tmp_path, tiny_config, images):
+    model = keras_vit.VisionTransformer(
+        **{
+            **tiny_config,
+            "representation_size": 16,
+            "drop_path_rate": 0.1,
+            "approximate_gelu": True,
+        }
+    )
+    rng = np.random.default_rng(0)
+    for weight in model.weights:
+        weight.assign(rng.normal(0, 0.2, weight.shape))
+    path = os.path.join(tmp_path, "model.keras")
+    model.save(path)
+    loaded = keras.models.load_model(path, safe_mode=True)
+    np.testing.assert_array_equal(to_numpy(loaded(images)), to_numpy(model(images)))
+    assert not any(isinstance(layer, keras.layers.Lambda) for layer in loaded.layers)
+    assert loaded.get_layer("transformer_block_1").approximate_gelu
+
+
+def test_fit_on_tf_data_reduces_loss(tiny_config):
+    # A learnable task: the class is the image quadrant that holds a bright square.
+    rng = np.random.default_rng(0)
+    num = 128
+    labels = rng.integers(0, 4, size=num)
+    images = rng.normal(0, 0.1, size=(num, 32, 32, 3)).astype("float32")
+    for i, label in enumerate(labels):
+        row, col = divmod(int(label), 2)
+        images[i, row * 16 : row * 16 + 16, col * 16 : col * 16 + 16] += 1.0
+    import tensorflow as tf
+
+    dataset = tf.data.Dataset.from_tensor_slices((images, labels)).shuffle(num, seed=0).batch(16)
+    model = keras_vit.VisionTransformer(**{**tiny_config, "num_classes": 4})
+    model.compile(
+        optimizer=keras.optimizers.AdamW(3e-3),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    history = model.fit(dataset, epochs=6, verbose=0)
+    losses = history.history["loss"]
+    assert losses[-1] < 0.5 * losses[0], losses
+
+
+# Bad arguments: each names the argument and what it received. ----------------
+
+BAD_ARGUMENTS = [
+    (dict(image_size=30), ValueError, r"image_size.*divisible by `patch_size`.*\(30, 30\)"),
+    (dict(hidden_dim=30, num_heads=4), ValueError, "hidden_dim=30, num_heads=4"),
+    (dict(num_layers=0), ValueError, "num_layers=0"),
+    (dict(num_heads=-2), ValueError, "num_heads=-2"),
+    (dict(hidden_dim=0), ValueError, "hidden_dim=0"),
+    (dict(mlp_dim=0), ValueError, "mlp_dim=0"),
+    (dict(image_size=-32), ValueError, "image_size=-32"),
+    (dict(patch_size=0), ValueError, "patch_size=0"),
+    (dict(num_classes=-1), ValueError, "num_classes=-1"),
+    (dict(representation_size=0), ValueError, "representation_size=0"),
+    (dict(pooling="mean"), ValueError, "pooling='mean'"),
+    (dict(dropout_rate=1.0), ValueError, "dropout_rate=1.0"),
+    (dict(drop_path_rate=-0.1), ValueError, "drop_path_rate=-0.1"),
+    (dict(classifier_activation="nope"), ValueError, "nope"),
+    (dict(weights="no-such-checkpoint"), ValueError, "weights='no-such-checkpoint'"),
+    (dict(weights=3), TypeError, "weights=3"),
+]
+
+
+@pytest.mark.parametrize("override, error, message", BAD_ARGUMENTS)
+def test_bad_arguments_raise_clear_errors(tiny_config, override, error, message):
+    with pytest.raises(error, match=message):
+        keras_vit.VisionTransformer(**{**tiny_config, **override})
+
+
+def test_bad_arguments_of_the_constructors():
+    with pytest.raises(ValueError, match="pooling='avg'"):
+        keras_vit.ViT_Ti16(pooling="avg")
+    with pytest.raises(ValueError, match=r"divisible by `patch_size`.*\(225, 225\)"):
+        keras_vit.ViT_B16(image_size=225)
+    with pytest.raises(ValueError, match="weights='imagenet'"):
+        keras_vit.ViT_B16(weights="imagenet")
+
+
+def test_bad_images_at_call_time(tiny_config):
+    model = keras_vit.VisionTransformer(**tiny_config)
+    with pytest.raises(ValueError, match=r"3|channels"):
+        model(np.zeros((1, 32, 32, 1), "float32"))
+    with pytest.raises(ValueError, match=r"rank|shape"):
+        model(np.zeros((32, 32, 3), "float32"))
+    with pytest.raises(ValueError, match=r"shape|built for"):
+        model(np.zeros((1, 48, 48, 3), "float32"))
+
+
+def test_preprocess_inputs_maps_uint8_to_unit_range():
+    out = to_numpy(keras_vit.preprocess_inputs(np.array([[0, 127, 255]], "uint8")))
+    np.testing.assert_allclose(out, [[-1.0, 127 / 127.5 - 1, 1.0]], atol=1e-6)
+    assert out.dtype == np.float32
