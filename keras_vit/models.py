@@ -9,6 +9,12 @@ from keras_vit.layers import PatchEncoder, TokenPooling, TransformerBlock
 from keras_vit.layers._checks import as_pair, one_of, positive_int
 from keras_vit.layers._checks import rate as check_rate
 from keras_vit.layers.pooling import POOLINGS
+from keras_vit.layers.resnet import (
+    ResNetStem,
+    check_resnet_layers,
+    check_resnet_width,
+    feature_map_size,
+)
 from keras_vit.layers.transformer import LAYER_NORM_EPSILON
 
 # name -> architecture, as in the paper (Table 1) and the original configs.
@@ -22,6 +28,15 @@ VARIANTS = {
     "ViT_L16": dict(patch_size=16, hidden_dim=1024, mlp_dim=4096, num_heads=16, num_layers=24),
     "ViT_L32": dict(patch_size=32, hidden_dim=1024, mlp_dim=4096, num_heads=16, num_layers=24),
     "ViT_H14": dict(patch_size=14, hidden_dim=1280, mlp_dim=5120, num_heads=16, num_layers=32),
+    # The hybrid: B/16's transformer on 1x1 patches of the R50 feature map (stride 16).
+    "ViT_R50_B16": dict(
+        patch_size=1,
+        hidden_dim=768,
+        mlp_dim=3072,
+        num_heads=12,
+        num_layers=12,
+        resnet_layers=(3, 4, 9),
+    ),
 }
 
 
@@ -103,7 +118,9 @@ def VisionTransformer(
         resnet_layers: None for a plain ViT; for a hybrid, the number of
             bottleneck units per ResNet-v2 stage, e.g. (3, 4, 9); () keeps
             only the root.
-        resnet_width: width multiplier of the hybrid's ResNet.
+        resnet_width: width multiplier of the hybrid's ResNet (stage i has
+            bottleneck width 64 * resnet_width * 2**i); 64 * resnet_width
+            must be a multiple of 32, the GroupNorm groups.
         weights: None, a local checkpoint file (.npz, .safetensors) or a
             preset name.
         dtype: a dtype or dtype policy name such as "mixed_bfloat16". With a
@@ -152,6 +169,17 @@ def VisionTransformer(
             "`image_size` must be divisible by `patch_size`. "
             f"Received: image_size={image_size}, patch_size={patch_size}"
         )
+    if resnet_layers is not None:
+        resnet_layers = check_resnet_layers("resnet_layers", resnet_layers)
+        resnet_width = check_resnet_width("resnet_width", resnet_width)
+        feature_size = feature_map_size(image_size, resnet_layers)
+        if feature_size[0] % patch_size[0] or feature_size[1] % patch_size[1]:
+            raise ValueError(
+                "For a hybrid, the ResNet feature map must be divisible by `patch_size`; "
+                f"images of {image_size} give a {feature_size} map with "
+                f"resnet_layers={resnet_layers}. "
+                f"Received: image_size={image_size}, patch_size={patch_size}"
+            )
     if classifier_activation is not None:
         keras.activations.get(classifier_activation)  # raises on an unknown name
     weights_file = _check_weights_argument(weights)
@@ -161,8 +189,6 @@ def VisionTransformer(
     images = keras.Input(shape=(*image_size, num_channels), name="images")
     x = images
     if resnet_layers is not None:
-        from keras_vit.layers.resnet import ResNetStem
-
         x = ResNetStem(layers=resnet_layers, width=resnet_width, dtype=dtype, name="resnet")(x)
     x = PatchEncoder(
         patch_size, hidden_dim, class_token=pooling == "token", dtype=dtype, name="patch_encoder"
@@ -252,7 +278,15 @@ def _make_constructor(variant_name):
         )
 
     constructor.__name__ = constructor.__qualname__ = variant_name
-    constructor.__doc__ = _CONSTRUCTOR_DOC.format(name=variant_name, **VARIANTS[variant_name])
+    architecture = VARIANTS[variant_name]
+    constructor.__doc__ = _CONSTRUCTOR_DOC.format(name=variant_name, **architecture)
+    if architecture.get("resnet_layers") is not None:
+        constructor.__doc__ = constructor.__doc__.replace(
+            ": patch",
+            f": a ResNet-v2 stem with stages {architecture['resnet_layers']} "
+            "(total stride 16), then patch",
+            1,
+        )
     return constructor
 
 
@@ -265,3 +299,4 @@ ViT_B32 = _make_constructor("ViT_B32")
 ViT_L16 = _make_constructor("ViT_L16")
 ViT_L32 = _make_constructor("ViT_L32")
 ViT_H14 = _make_constructor("ViT_H14")
+ViT_R50_B16 = _make_constructor("ViT_R50_B16")
