@@ -584,7 +584,8 @@ def test_map_resnet_errors_name_the_keys_and_shapes():
     missing = {k: v for k, v in params.items() if not k.startswith("block2/")}
     missing["block3/unit1/conv1/kernel"] = np.zeros((1, 1, 256, 128))
     with pytest.raises(
-        ValueError, match=r"Missing: block2/unit1/conv1/kernel.*conv_proj/kernel.*Unused.*block3/unit1"
+        ValueError,
+        match=r"Missing: block2/unit1/conv1/kernel.*conv_proj/kernel.*Unused.*block3/unit1",
     ):
         resnet_mapping.map_resnet(stem, missing)
     with pytest.raises(ValueError, match="no key 'conv_root/kernel'"):
