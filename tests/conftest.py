@@ -10,7 +10,13 @@ import pytest  # noqa: E402
 
 # A tiny configuration: seconds per test on two cores.
 TINY = dict(
-    image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=32, mlp_dim=64, num_classes=10
+    image_size=32,
+    patch_size=8,
+    num_layers=2,
+    num_heads=2,
+    hidden_dim=32,
+    mlp_dim=64,
+    num_classes=10,
 )
 
 
