@@ -1,6 +1,7 @@
 """keras_vit: Vision Transformers for Keras 3."""
 
 from keras_vit import layers
+from keras_vit.export import export_saved_model, export_tflite
 from keras_vit.models import (
     VARIANTS,
     VisionTransformer,
@@ -32,6 +33,8 @@ __all__ = [
     "ViT_S32",
     "ViT_Ti16",
     "VisionTransformer",
+    "export_saved_model",
+    "export_tflite",
     "layers",
     "preprocess_inputs",
 ]

@@ -1,0 +1,377 @@
+"""SavedModel and TFLite export, and reloading a trained model.
+
+`export_saved_model` writes a SavedModel for TF Serving and
+`tf.saved_model.load`. Its signatures:
+
+- `serving_default`: `images`, uint8 [batch, height, width, channels] of any
+  height and width. The images are resized (bilinear, antialiased) to the
+  model's resolution and scaled to [-1, 1] inside the graph.
+- `serving_float`: `images`, float32 [batch, model height, model width,
+  channels], already scaled to [-1, 1] (what the Keras model takes).
+
+Both return a dict of float32 (and int32 / string) tensors: `logits`,
+`probabilities`, `top_k_indices`, `top_k_probabilities` and, when class names
+are given, `top_k_class_names`. A model without a head (`num_classes=0`)
+returns `features` only.
+
+What `logits` means: a head without an activation (the default,
+`classifier_activation=None`) gives logits and `probabilities` is their
+softmax. A head with an activation (e.g. "softmax" or "sigmoid") gives its
+pre-activation as `logits` (recomputed from the head's kernel and bias) and the
+model's own output as `probabilities`.
+
+TensorFlow only: this module imports TensorFlow.
+"""
+
+import json
+import numbers
+import os
+import tempfile
+
+import keras
+
+QUANTIZATIONS = (None, "dynamic", "float16")
+CLASS_NAME_FILES = ("classes.json", "class_names.json")
+MODEL_FILE = "model.keras"
+
+
+def _tf():
+    import tensorflow as tf
+
+    return tf
+
+
+# Checks --------------------------------------------------------------------
+
+
+def _check_model(model):
+    if not isinstance(model, keras.Model):
+        raise TypeError(
+            f"`model` must be a keras.Model. Received: model of type {type(model).__name__}"
+        )
+    if len(model.inputs) != 1:
+        raise ValueError(
+            "`model` must have one input (NHWC images). "
+            f"Received: a model with {len(model.inputs)} inputs"
+        )
+    shape = tuple(model.inputs[0].shape)
+    if len(shape) != 4 or any(size is None for size in shape[1:]):
+        raise ValueError(
+            "`model` must take images of a fixed size (batch, height, width, channels). "
+            f"Received: a model with input shape {shape}"
+        )
+    if len(model.outputs) != 1 or len(model.outputs[0].shape) != 2:
+        raise ValueError(
+            "`model` must have one output of shape (batch, classes or features). "
+            f"Received: outputs of shapes {[tuple(o.shape) for o in model.outputs]}"
+        )
+    return shape[1:]
+
+
+def _has_head(model):
+    try:
+        model.get_layer("head")
+    except ValueError:
+        return False
+    return True
+
+
+def _check_class_names(class_names, num_outputs, has_head):
+    if class_names is None:
+        return None
+    if isinstance(class_names, (str, bytes)) or not all(
+        isinstance(name, str) for name in class_names
+    ):
+        raise TypeError(
+            "`class_names` must be a list of strings, one per class. "
+            f"Received: class_names={class_names!r}"
+        )
+    class_names = list(class_names)
+    if not has_head:
+        raise ValueError(
+            "`class_names` needs a model with a classification head; this model has "
+            f"num_classes=0 (features out). Received: {len(class_names)} class names"
+        )
+    if len(class_names) != num_outputs:
+        raise ValueError(
+            f"`class_names` must have one name per class ({num_outputs}). "
+            f"Received: {len(class_names)} class names"
+        )
+    return class_names
+
+
+def _check_top_k(top_k):
+    if isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral) or top_k < 1:
+        raise ValueError(f"`top_k` must be a positive integer. Received: top_k={top_k!r}")
+    return int(top_k)
+
+
+def _check_path(path, argument="path"):
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(
+            f"`{argument}` must be a file system path. "
+            f"Received: {argument}={path!r} of type {type(path).__name__}"
+        )
+    return os.fspath(path)
+
+
+# The serving computation ----------------------------------------------------
+
+
+class _Outputs:
+    """Turns a batch of model inputs into the dict the signatures return."""
+
+    def __init__(self, model, class_names, top_k):
+        self.model = model
+        self.has_head = _has_head(model)
+        self.num_outputs = int(model.outputs[0].shape[-1])
+        self.top_k = min(top_k, self.num_outputs)
+        self.class_names = class_names
+        self.head_activation = None
+        self.features_model = None
+        if self.has_head:
+            head = model.get_layer("head")
+            activation = getattr(head, "activation", None)
+            if activation is not None and activation is not keras.activations.linear:
+                # Recompute the pre-activation from the head's input.
+                self.head_activation = activation
+                self.features_model = keras.Model(model.inputs, head.input)
+                self.head = head
+
+    def __call__(self, images):
+        tf = _tf()
+        outputs = tf.cast(self.model(images, training=False), tf.float32)
+        if not self.has_head:
+            return {"features": outputs}
+        if self.features_model is None:
+            logits = outputs
+            probabilities = tf.nn.softmax(logits, axis=-1)
+        else:
+            features = tf.cast(self.features_model(images, training=False), tf.float32)
+            kernel = tf.cast(self.head.kernel, tf.float32)
+            logits = tf.matmul(features, kernel)
+            if self.head.bias is not None:
+                logits = logits + tf.cast(self.head.bias, tf.float32)
+            probabilities = outputs
+        top_k_probabilities, top_k_indices = tf.math.top_k(probabilities, k=self.top_k)
+        result = {
+            "logits": logits,
+            "probabilities": probabilities,
+            "top_k_indices": top_k_indices,
+            "top_k_probabilities": top_k_probabilities,
+        }
+        if self.class_names is not None:
+            names = tf.constant(self.class_names, dtype=tf.string)
+            result["top_k_class_names"] = tf.gather(names, top_k_indices)
+        return result
+
+
+def resize_and_scale(images, image_size):
+    """The uint8 signature's preprocessing, as a TensorFlow function.
+
+    Resizes with `tf.image.resize(..., method="bilinear", antialias=True)` to
+    `image_size` and maps [0, 255] to [-1, 1] as `x / 127.5 - 1`.
+
+    Args:
+        images: a uint8 (or 0..255 float) tensor [batch, height, width, channels].
+        image_size: the model's (height, width).
+
+    Returns:
+        A float32 tensor [batch, image_size[0], image_size[1], channels].
+    """
+    tf = _tf()
+    images = tf.cast(images, tf.float32)
+    images = tf.image.resize(images, image_size, method="bilinear", antialias=True)
+    return images / 127.5 - 1.0
+
+
+def _archive(model, preprocessing, class_names, top_k):
+    tf = _tf()
+    height, width, channels = _check_model(model)
+    outputs = _Outputs(model, None, top_k)
+    class_names = _check_class_names(class_names, outputs.num_outputs, outputs.has_head)
+    outputs.class_names = class_names
+
+    archive = keras.export.ExportArchive()
+    archive.track(model)
+    if outputs.features_model is not None:
+        archive.track(outputs.features_model)
+
+    float_spec = tf.TensorSpec([None, height, width, channels], tf.float32, name="images")
+    uint8_spec = tf.TensorSpec([None, None, None, channels], tf.uint8, name="images")
+
+    def serve_float(images):
+        return outputs(images)
+
+    def serve_uint8(images):
+        return outputs(resize_and_scale(images, (height, width)))
+
+    if preprocessing:
+        archive.add_endpoint("serving_default", serve_uint8, input_signature=[uint8_spec])
+    else:
+        archive.add_endpoint("serving_default", serve_float, input_signature=[float_spec])
+    archive.add_endpoint("serving_float", serve_float, input_signature=[float_spec])
+    return archive
+
+
+def export_saved_model(model, path, preprocessing=True, class_names=None, top_k=5):
+    """Writes `model` as a SavedModel for TF Serving and `tf.saved_model.load`.
+
+    The SavedModel needs TensorFlow alone to run (not keras_vit, not Keras).
+    Signatures (see the module docstring for the outputs):
+
+    - `serving_default`: uint8 images [batch, any height, any width,
+      channels], resized and scaled inside (`preprocessing=True`); with
+      `preprocessing=False` it is the float signature.
+    - `serving_float`: float32 images at the model's size, scaled to [-1, 1].
+
+    Outputs are float32 whatever the model's dtype policy (mixed precision
+    included). A model built under a `tf.distribute` strategy exports as is.
+
+    Args:
+        model: a `keras.Model` taking NHWC images of a fixed size, with one
+            (batch, classes) output (or (batch, features) for num_classes=0).
+        path: the SavedModel directory to write.
+        preprocessing: whether `serving_default` takes uint8 images of any
+            size (True) or float images ready for the model (False).
+        class_names: optional list of strings, one per class; adds
+            `top_k_class_names` to the outputs.
+        top_k: how many of the best classes to return (at most the number of
+            classes).
+
+    Returns:
+        `path`.
+
+    Example:
+    >>> import tempfile, os
+    >>> model = keras_vit.VisionTransformer(image_size=32, patch_size=8,
+    ...     num_layers=1, num_heads=2, hidden_dim=32, mlp_dim=64, num_classes=3)
+    >>> path = export_saved_model(model, os.path.join(tempfile.mkdtemp(), "vit"),
+    ...     class_names=["cat", "dog", "fish"], top_k=2)
+    """
+    path = _check_path(path)
+    if not isinstance(preprocessing, bool):
+        raise TypeError(
+            f"`preprocessing` must be True or False. Received: preprocessing={preprocessing!r}"
+        )
+    top_k = _check_top_k(top_k)
+    archive = _archive(model, preprocessing, class_names, top_k)
+    archive.write_out(path, verbose=False)
+    return path
+
+
+def export_tflite(model, path, quantization=None):
+    """Writes `model` as a TFLite flat buffer.
+
+    The TFLite model takes float32 images [batch, height, width, channels] at
+    the model's size, scaled to [-1, 1] (`keras_vit.preprocess_inputs`), and
+    its `serving_default` signature returns `logits` and `probabilities` (as
+    in `export_saved_model`; `features` for a model without a head). The
+    batch dimension is dynamic (use `interpreter.resize_tensor_input`).
+
+    Args:
+        model: a `keras.Model` as for `export_saved_model`.
+        path: the `.tflite` file to write.
+        quantization: None (float32), "dynamic" (int8 weights, dynamic-range
+            quantization; about 4x smaller) or "float16" (float16 weights;
+            about 2x smaller).
+
+    Returns:
+        `path`.
+    """
+    tf = _tf()
+    path = _check_path(path)
+    if quantization not in QUANTIZATIONS:
+        raise ValueError(
+            f"`quantization` must be one of {QUANTIZATIONS}. Received: quantization={quantization!r}"
+        )
+    height, width, channels = _check_model(model)
+    outputs = _Outputs(model, None, top_k=1)
+    spec = tf.TensorSpec([None, height, width, channels], tf.float32, name="images")
+
+    def serve(images):
+        result = outputs(images)
+        return {
+            key: result[key] for key in ("features", "logits", "probabilities") if key in result
+        }
+
+    archive = keras.export.ExportArchive()
+    archive.track(model)
+    if outputs.features_model is not None:
+        archive.track(outputs.features_model)
+    archive.add_endpoint("serving_default", serve, input_signature=[spec])
+    with tempfile.TemporaryDirectory() as directory:
+        archive.write_out(directory, verbose=False)
+        converter = tf.lite.TFLiteConverter.from_saved_model(directory)
+        if quantization is not None:
+            converter.optimizations = [tf.lite.Optimize.DEFAULT]
+        if quantization == "float16":
+            converter.target_spec.supported_types = [tf.float16]
+        flat_buffer = converter.convert()
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    with open(path, "wb") as file:
+        file.write(flat_buffer)
+    return path
+
+
+# Reloading a trained model ---------------------------------------------------
+
+
+def _read_class_names(file):
+    with open(file, encoding="utf-8") as handle:
+        data = json.load(handle)
+    if isinstance(data, dict):
+        for key in ("class_names", "classes"):
+            if key in data:
+                data = data[key]
+                break
+    if not isinstance(data, list) or not all(isinstance(name, str) for name in data):
+        raise ValueError(
+            f"{file} must hold a JSON list of class names (strings), or an object with a "
+            f'"class_names" list. Received: {str(data)[:100]}'
+        )
+    return data
+
+
+def load_trained(path):
+    """Loads a trained model and its class names.
+
+    Args:
+        path: a `.keras` file, or a training output directory holding
+            `model.keras` and optionally `classes.json` (or
+            `class_names.json`): a JSON list of class names in index order
+            (or an object with a "class_names" list). Beside a `.keras` file,
+            the same class-name files in its directory are used.
+
+    Returns:
+        (model, class_names): the `keras.Model` and a list of strings, or
+        None when no class-name file is found.
+    """
+    path = _check_path(path)
+    if os.path.isdir(path):
+        directory, model_file = path, os.path.join(path, MODEL_FILE)
+        if not os.path.isfile(model_file):
+            raise FileNotFoundError(
+                f"No {MODEL_FILE} in the directory {path!r}; pass a .keras file or a training "
+                f"output directory. Received: path={path!r}"
+            )
+    elif os.path.isfile(path):
+        if not path.endswith(".keras"):
+            raise ValueError(
+                f"`path` must be a .keras file or a directory holding {MODEL_FILE}. "
+                f"Received: path={path!r}"
+            )
+        directory, model_file = os.path.dirname(os.path.abspath(path)), path
+    else:
+        raise FileNotFoundError(f"No such file or directory. Received: path={path!r}")
+    import keras_vit  # noqa: F401  (registers the layers)
+
+    model = keras.models.load_model(model_file, safe_mode=True)
+    class_names = None
+    for name in CLASS_NAME_FILES:
+        candidate = os.path.join(directory, name)
+        if os.path.isfile(candidate):
+            class_names = _read_class_names(candidate)
+            break
+    return model, class_names
