@@ -364,6 +364,19 @@ def test_group_norm_matches_numpy():
     )
 
 
+def test_group_norm_is_float32_exact_on_a_large_map():
+    # A root-sized map with per-channel offsets: the statistics must not lose
+    # precision in long float32 reductions (the original's stays within ~1e-6).
+    norm = layers.GroupNorm(groups=32, epsilon=1e-6)
+    x = (RNG.normal(0, 10, (1, 112, 112, 64)) + RNG.normal(0, 3, 64)).astype("float32")
+    norm.build(x.shape)
+    scale, bias = 1 + 0.3 * RNG.normal(size=64), 0.3 * RNG.normal(size=64)
+    norm.gamma.assign(scale)
+    norm.beta.assign(bias)
+    expected = np_group_norm(x.astype("float64"), scale.astype("float32"), bias.astype("float32"))
+    np.testing.assert_allclose(to_numpy(norm(x)), expected, rtol=0, atol=4e-6)
+
+
 @pytest.mark.parametrize(
     "input_shape, filters, strides, projects",
     [((2, 8, 8, 128), 32, 1, False), ((2, 8, 8, 32), 32, 1, True), ((1, 7, 8, 128), 64, 2, True)],
@@ -453,6 +466,7 @@ def test_r50_b16_at_384_has_a_24x24_map():
     "layer, input_shape",
     [
         (lambda: layers.StdConv(8, (3, 5), strides=2, epsilon=1e-4), (2, 9, 9, 4)),
+        (lambda: layers.GroupNorm(groups=4, epsilon=1e-5, gamma_initializer="zeros"), (2, 5, 6, 8)),
         (lambda: layers.BottleneckUnit(32, strides=2), (2, 8, 8, 64)),
         (lambda: layers.ResNetStage(2, 32, strides=1), (2, 8, 8, 32)),
         (lambda: layers.ResNetStem(layers=(1, 1), width=0.5), (2, 32, 32, 3)),
@@ -689,6 +703,10 @@ def test_bad_layer_arguments():
         layers.StdConv(0, 3)
     with pytest.raises(ValueError, match="epsilon.*Received: epsilon=-1"):
         layers.StdConv(8, 3, epsilon=-1)
+    with pytest.raises(ValueError, match="groups=32.*Received: input_shape=\\(2, 4, 4, 48\\)"):
+        layers.GroupNorm(groups=32)(np.zeros((2, 4, 4, 48), "float32"))
+    with pytest.raises(ValueError, match="groups.*Received: groups=0"):
+        layers.GroupNorm(groups=0)
     with pytest.raises(ValueError, match="num_units.*Received: num_units=0"):
         layers.ResNetStage(0, 32)
     with pytest.raises(ValueError, match=r"width.*Received: width=0.1"):

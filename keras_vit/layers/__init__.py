@@ -4,13 +4,14 @@ from keras_vit.layers.attention import MultiHeadSelfAttention
 from keras_vit.layers.encoder import PatchEncoder
 from keras_vit.layers.patches import Patches
 from keras_vit.layers.pooling import TokenPooling
-from keras_vit.layers.resnet import BottleneckUnit, ResNetStage, ResNetStem, StdConv
+from keras_vit.layers.resnet import BottleneckUnit, GroupNorm, ResNetStage, ResNetStem, StdConv
 from keras_vit.layers.transformer import MLP, DropPath, TransformerBlock
 
 __all__ = [
     "BottleneckUnit",
     "MLP",
     "DropPath",
+    "GroupNorm",
     "MultiHeadSelfAttention",
     "PatchEncoder",
     "Patches",
