@@ -33,6 +33,8 @@ import keras
 QUANTIZATIONS = (None, "dynamic", "float16")
 CLASS_NAME_FILES = ("classes.json", "class_names.json")
 MODEL_FILE = "model.keras"
+# keras_vit layers whose output is features: a model ending in one has no head.
+FEATURE_LAYERS = ("pooling", "pre_logits", "encoder_norm")
 
 
 def _tf():
@@ -68,12 +70,15 @@ def _check_model(model):
     return shape[1:]
 
 
+def _output_layer(model):
+    history = getattr(model.outputs[0], "_keras_history", None)
+    return getattr(history, "operation", None)
+
+
 def _has_head(model):
-    try:
-        model.get_layer("head")
-    except ValueError:
-        return False
-    return True
+    """Whether the output is class scores rather than features (num_classes=0)."""
+    layer = _output_layer(model)
+    return getattr(layer, "name", None) not in FEATURE_LAYERS
 
 
 def _check_class_names(class_names, num_outputs, has_head):
@@ -127,32 +132,30 @@ class _Outputs:
         self.num_outputs = int(model.outputs[0].shape[-1])
         self.top_k = min(top_k, self.num_outputs)
         self.class_names = class_names
-        self.head_activation = None
-        self.features_model = None
-        if self.has_head:
-            head = model.get_layer("head")
+        self.head = None
+        head = _output_layer(model)
+        if self.has_head and isinstance(head, keras.layers.Dense):
             activation = getattr(head, "activation", None)
             if activation is not None and activation is not keras.activations.linear:
-                # Recompute the pre-activation from the head's input.
-                self.head_activation = activation
-                self.features_model = keras.Model(model.inputs, head.input)
+                # One pass giving both the head's input and the model's output.
                 self.head = head
+                self.model = keras.Model(model.inputs, [head.input, model.outputs[0]])
 
     def __call__(self, images):
         tf = _tf()
-        outputs = tf.cast(self.model(images, training=False), tf.float32)
-        if not self.has_head:
-            return {"features": outputs}
-        if self.features_model is None:
+        if self.head is None:
+            outputs = tf.cast(self.model(images, training=False), tf.float32)
+            if not self.has_head:
+                return {"features": outputs}
             logits = outputs
             probabilities = tf.nn.softmax(logits, axis=-1)
         else:
-            features = tf.cast(self.features_model(images, training=False), tf.float32)
-            kernel = tf.cast(self.head.kernel, tf.float32)
-            logits = tf.matmul(features, kernel)
+            features, outputs = self.model(images, training=False)
+            probabilities = tf.cast(outputs, tf.float32)
+            # The head's pre-activation, in float32.
+            logits = tf.matmul(tf.cast(features, tf.float32), tf.cast(self.head.kernel, tf.float32))
             if self.head.bias is not None:
                 logits = logits + tf.cast(self.head.bias, tf.float32)
-            probabilities = outputs
         top_k_probabilities, top_k_indices = tf.math.top_k(probabilities, k=self.top_k)
         result = {
             "logits": logits,
@@ -185,33 +188,93 @@ def resize_and_scale(images, image_size):
     return images / 127.5 - 1.0
 
 
-def _archive(model, preprocessing, class_names, top_k):
+def _checked(images, height, width, channels):
+    """`images` behind run-time checks of its shape, with readable messages.
+
+    The signatures' TensorSpecs reject a wrong dtype or channel count when
+    the loaded function is called from Python, but a call through
+    `loaded.signatures[...]` (or TF Serving) checks the dtype only.
+    """
+    tf = _tf()
+    shape = tf.shape(images)
+    checks = [
+        tf.debugging.assert_equal(
+            shape[3],
+            channels,
+            message=f"`images` must have {channels} channels (the last axis)",
+        ),
+        tf.debugging.assert_positive(
+            shape[1] * shape[2], message="`images` must have a non-zero height and width"
+        ),
+    ]
+    if height is not None:
+        checks.append(
+            tf.debugging.assert_equal(
+                shape[1:3],
+                tf.constant([height, width]),
+                message=f"`images` must be {height}x{width} (the model's size) for this signature",
+            )
+        )
+    with tf.control_dependencies(checks):
+        return tf.identity(images)
+
+
+def _float32_copy(model):
+    """`model` rebuilt with float32 layers (same weights), or `model` itself.
+
+    TFLite has no bfloat16 kernels, so a mixed-precision model is converted
+    through a float32 copy.
+    """
+    if all(layer.dtype_policy.compute_dtype == "float32" for layer in model.layers):
+        return model
+
+    def to_float32(config):
+        if isinstance(config, dict):
+            if config.get("class_name") in ("DTypePolicy", "FloatDTypePolicy"):
+                return "float32"
+            return {key: to_float32(value) for key, value in config.items()}
+        if isinstance(config, list):
+            return [to_float32(value) for value in config]
+        return config
+
+    import keras_vit  # noqa: F401  (registers the layers)
+
+    config = keras.saving.serialize_keras_object(model)
+    copy = keras.saving.deserialize_keras_object(to_float32(config), safe_mode=True)
+    copy.set_weights(model.get_weights())
+    return copy
+
+
+def _archive(model, endpoints):
+    archive = keras.export.ExportArchive()
+    archive.track(model)
+    for name, (function, spec) in endpoints.items():
+        archive.add_endpoint(name, function, input_signature=[spec])
+    return archive
+
+
+def _saved_model_archive(model, preprocessing, class_names, top_k):
     tf = _tf()
     height, width, channels = _check_model(model)
     outputs = _Outputs(model, None, top_k)
-    class_names = _check_class_names(class_names, outputs.num_outputs, outputs.has_head)
-    outputs.class_names = class_names
-
-    archive = keras.export.ExportArchive()
-    archive.track(model)
-    if outputs.features_model is not None:
-        archive.track(outputs.features_model)
-
+    outputs.class_names = _check_class_names(class_names, outputs.num_outputs, outputs.has_head)
     float_spec = tf.TensorSpec([None, height, width, channels], tf.float32, name="images")
     uint8_spec = tf.TensorSpec([None, None, None, channels], tf.uint8, name="images")
 
     def serve_float(images):
-        return outputs(images)
+        return outputs(_checked(images, height, width, channels))
 
     def serve_uint8(images):
+        images = _checked(images, None, None, channels)
         return outputs(resize_and_scale(images, (height, width)))
 
-    if preprocessing:
-        archive.add_endpoint("serving_default", serve_uint8, input_signature=[uint8_spec])
-    else:
-        archive.add_endpoint("serving_default", serve_float, input_signature=[float_spec])
-    archive.add_endpoint("serving_float", serve_float, input_signature=[float_spec])
-    return archive
+    endpoints = {
+        "serving_default": (serve_uint8, uint8_spec)
+        if preprocessing
+        else (serve_float, float_spec),
+        "serving_float": (serve_float, float_spec),
+    }
+    return _archive(model, endpoints)
 
 
 def export_saved_model(model, path, preprocessing=True, class_names=None, top_k=5):
@@ -255,7 +318,7 @@ def export_saved_model(model, path, preprocessing=True, class_names=None, top_k=
             f"`preprocessing` must be True or False. Received: preprocessing={preprocessing!r}"
         )
     top_k = _check_top_k(top_k)
-    archive = _archive(model, preprocessing, class_names, top_k)
+    archive = _saved_model_archive(model, preprocessing, class_names, top_k)
     archive.write_out(path, verbose=False)
     return path
 
@@ -286,20 +349,16 @@ def export_tflite(model, path, quantization=None):
             f"`quantization` must be one of {QUANTIZATIONS}. Received: quantization={quantization!r}"
         )
     height, width, channels = _check_model(model)
+    model = _float32_copy(model)
     outputs = _Outputs(model, None, top_k=1)
     spec = tf.TensorSpec([None, height, width, channels], tf.float32, name="images")
+    keys = ("features", "logits", "probabilities")
 
     def serve(images):
         result = outputs(images)
-        return {
-            key: result[key] for key in ("features", "logits", "probabilities") if key in result
-        }
+        return {key: result[key] for key in keys if key in result}
 
-    archive = keras.export.ExportArchive()
-    archive.track(model)
-    if outputs.features_model is not None:
-        archive.track(outputs.features_model)
-    archive.add_endpoint("serving_default", serve, input_signature=[spec])
+    archive = _archive(model, {"serving_default": (serve, spec)})
     with tempfile.TemporaryDirectory() as directory:
         archive.write_out(directory, verbose=False)
         converter = tf.lite.TFLiteConverter.from_saved_model(directory)
