@@ -377,7 +377,8 @@ def export_tflite(model, path, quantization=None):
 # Reloading a trained model ---------------------------------------------------
 
 
-def _read_class_names(file):
+def read_class_names(file):
+    """Reads class names from a JSON file: a list of strings, or {"class_names": [...]}."""
     with open(file, encoding="utf-8") as handle:
         data = json.load(handle)
     if isinstance(data, dict):
@@ -431,6 +432,6 @@ def load_trained(path):
     for name in CLASS_NAME_FILES:
         candidate = os.path.join(directory, name)
         if os.path.isfile(candidate):
-            class_names = _read_class_names(candidate)
+            class_names = read_class_names(candidate)
             break
     return model, class_names

@@ -1,0 +1,81 @@
+"""`keras-vit export`: a trained model to a SavedModel or a TFLite file."""
+
+import os
+
+from keras_vit.cli import UsageError
+
+HELP = "Export a trained model (.keras file or training folder) to SavedModel or TFLite."
+
+FORMATS = ("saved_model", "tflite")
+
+
+def add_arguments(parser):
+    parser.add_argument(
+        "--model",
+        required=True,
+        metavar="DIR_OR_FILE",
+        help="a .keras file, or a training output folder holding model.keras "
+        "(and optionally classes.json, a JSON list of class names)",
+    )
+    parser.add_argument("--format", choices=FORMATS, default="saved_model", help="what to write")
+    parser.add_argument(
+        "--output",
+        required=True,
+        metavar="PATH",
+        help="the SavedModel folder or the .tflite file to write",
+    )
+    parser.add_argument(
+        "--quantization",
+        choices=("none", "dynamic", "float16"),
+        default="none",
+        help="TFLite only: dynamic-range int8 weights or float16 weights (default none)",
+    )
+    parser.add_argument(
+        "--no-preprocessing",
+        dest="preprocessing",
+        action="store_false",
+        help="SavedModel only: serving_default takes float images in [-1, 1] at the model's "
+        "size instead of uint8 images of any size",
+    )
+    parser.add_argument(
+        "--top-k", type=int, default=5, help="SavedModel only: classes in the top-k outputs"
+    )
+    parser.add_argument(
+        "--class-names",
+        metavar="JSON",
+        help="a JSON file of class names (overrides the training folder's classes.json)",
+    )
+    parser.add_argument(
+        "--overwrite", action="store_true", help="replace --output if it already exists"
+    )
+
+
+def run(args):
+    from keras_vit import export
+
+    quantization = None if args.quantization == "none" else args.quantization
+    if args.format == "saved_model" and quantization is not None:
+        raise UsageError("--quantization applies to --format tflite only")
+    if os.path.exists(args.output) and not args.overwrite:
+        raise UsageError(f"--output {args.output!r} already exists (pass --overwrite to replace)")
+    if not os.path.exists(args.model):
+        raise FileNotFoundError(f"--model {args.model!r}: no such file or directory")
+    if args.class_names is not None and not os.path.isfile(args.class_names):
+        raise FileNotFoundError(f"--class-names {args.class_names!r}: no such file")
+
+    model, class_names = export.load_trained(args.model)
+    if args.class_names is not None:
+        class_names = export.read_class_names(args.class_names)
+    if args.format == "saved_model":
+        export.export_saved_model(
+            model,
+            args.output,
+            preprocessing=args.preprocessing,
+            class_names=class_names,
+            top_k=args.top_k,
+        )
+    else:
+        export.export_tflite(model, args.output, quantization=quantization)
+    names = f", {len(class_names)} class names" if class_names and args.format != "tflite" else ""
+    print(f"Wrote {args.format} to {args.output}{names}")
+    return 0
