@@ -673,6 +673,15 @@ def test_load_weights_rejects_a_plain_checkpoint_for_a_hybrid(tmp_path):
         np.testing.assert_array_equal(to_numpy(weight), value)
 
 
+def test_docstring_examples_run():
+    import doctest
+
+    from keras_vit.layers import resnet
+
+    result = doctest.testmod(resnet, optionflags=doctest.ELLIPSIS)
+    assert result.attempted >= 5 and result.failed == 0
+
+
 # Bad input -------------------------------------------------------------------
 
 

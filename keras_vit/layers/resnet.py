@@ -92,7 +92,7 @@ class GroupNorm(keras.layers.Layer):
 
     Example:
     >>> import numpy as np
-    >>> GroupNorm(groups=2)(np.arange(32, dtype="float32").reshape(1, 2, 2, 8)).shape
+    >>> tuple(GroupNorm(groups=2)(np.arange(32, dtype="float32").reshape(1, 2, 2, 8)).shape)
     (1, 2, 2, 8)
     """
 
@@ -179,7 +179,7 @@ class StdConv(keras.layers.Layer):
 
     Example:
     >>> import numpy as np
-    >>> StdConv(8, 3, strides=2)(np.zeros((1, 9, 9, 4), "float32")).shape
+    >>> tuple(StdConv(8, 3, strides=2)(np.zeros((1, 9, 9, 4), "float32")).shape)
     (1, 5, 5, 8)
     """
 
@@ -256,7 +256,7 @@ class BottleneckUnit(keras.layers.Layer):
 
     Example:
     >>> import numpy as np
-    >>> BottleneckUnit(32, strides=2)(np.zeros((1, 8, 8, 64), "float32")).shape
+    >>> tuple(BottleneckUnit(32, strides=2)(np.zeros((1, 8, 8, 64), "float32")).shape)
     (1, 4, 4, 128)
     """
 
@@ -327,7 +327,7 @@ class ResNetStage(keras.layers.Layer):
 
     Example:
     >>> import numpy as np
-    >>> ResNetStage(2, 32, strides=2)(np.zeros((1, 8, 8, 32), "float32")).shape
+    >>> tuple(ResNetStage(2, 32, strides=2)(np.zeros((1, 8, 8, 32), "float32")).shape)
     (1, 4, 4, 128)
     """
 
@@ -406,7 +406,7 @@ class ResNetStem(keras.layers.Layer):
 
     Example:
     >>> import numpy as np
-    >>> ResNetStem(layers=(1, 1), width=0.5)(np.zeros((1, 32, 32, 3), "float32")).shape
+    >>> tuple(ResNetStem(layers=(1, 1), width=0.5)(np.zeros((1, 32, 32, 3), "float32")).shape)
     (1, 4, 4, 256)
     """
 
