@@ -139,7 +139,7 @@ class _Outputs:
             if activation is not None and activation is not keras.activations.linear:
                 # One pass giving both the head's input and the model's output.
                 self.head = head
-                self.model = keras.Model(model.inputs, [head.input, model.outputs[0]])
+                self.model = keras.Model(model.inputs[0], [head.input, model.outputs[0]])
 
     def __call__(self, images):
         tf = _tf()
