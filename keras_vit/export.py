@@ -306,7 +306,8 @@ def export_saved_model(model, path, preprocessing=True, class_names=None, top_k=
         `path`.
 
     Example:
-    >>> import tempfile, os
+    >>> import os, tempfile
+    >>> import keras_vit
     >>> model = keras_vit.VisionTransformer(image_size=32, patch_size=8,
     ...     num_layers=1, num_heads=2, hidden_dim=32, mlp_dim=64, num_classes=3)
     >>> path = export_saved_model(model, os.path.join(tempfile.mkdtemp(), "vit"),

@@ -172,7 +172,7 @@ def test_uint8_signature_matches_keras_on_resized_images(served, key):
     logits = served["results"][f"{key}/logits"]
     expected = served["expected"][key]
     assert logits.shape == (UINT8_SHAPES[key][0], 10)
-    np.testing.assert_allclose(logits, expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(logits, expected, rtol=0, atol=1e-5)
     np.testing.assert_allclose(
         served["results"][f"{key}/probabilities"], softmax(expected), rtol=1e-5, atol=1e-6
     )
@@ -181,7 +181,7 @@ def test_uint8_signature_matches_keras_on_resized_images(served, key):
 @pytest.mark.parametrize("key", ["float", "float_one"])
 def test_float_signature_matches_keras(served, key):
     np.testing.assert_allclose(
-        served["results"][f"{key}/logits"], served["expected"][key], rtol=1e-5, atol=1e-5
+        served["results"][f"{key}/logits"], served["expected"][key], rtol=0, atol=1e-5
     )
 
 
@@ -372,6 +372,17 @@ def test_tflite_of_a_mixed_precision_model(tiny_config, tmp_path, images):
     np.testing.assert_allclose(
         outputs["logits"], float32_model(images), rtol=0, atol=TFLITE_TOLERANCE[None][0]
     )
+
+
+def test_hybrid_exports_to_saved_model_and_tflite(tiny_config, tmp_path, images):
+    model = tiny_model(tiny_config, resnet_layers=(1,), patch_size=1)
+    expected = keras.ops.convert_to_numpy(model(images))
+    path = export_saved_model(model, str(tmp_path / "sm"))
+    outputs = _load(path).signatures["serving_float"](images=tf.constant(images))
+    np.testing.assert_allclose(outputs["logits"], expected, rtol=1e-5, atol=1e-5)
+    tflite = export_tflite(model, str(tmp_path / "hybrid.tflite"))
+    outputs = _run_tflite(tflite, images)
+    np.testing.assert_allclose(outputs["logits"], expected, rtol=0, atol=TFLITE_TOLERANCE[None][0])
 
 
 # Reloading and the command line -------------------------------------------------
