@@ -20,7 +20,8 @@ softmax. A head with an activation (e.g. "softmax" or "sigmoid") gives its
 pre-activation as `logits` (recomputed from the head's kernel and bias) and the
 model's own output as `probabilities`.
 
-TensorFlow only: this module imports TensorFlow.
+Needs TensorFlow (imported when a function here is called), whatever the
+Keras backend the package was imported with.
 """
 
 import json
@@ -126,12 +127,12 @@ def _check_path(path, argument="path"):
 class _Outputs:
     """Turns a batch of model inputs into the dict the signatures return."""
 
-    def __init__(self, model, class_names, top_k):
+    def __init__(self, model, top_k, class_names=None):
         self.model = model
         self.has_head = _has_head(model)
         self.num_outputs = int(model.outputs[0].shape[-1])
         self.top_k = min(top_k, self.num_outputs)
-        self.class_names = class_names
+        self.class_names = _check_class_names(class_names, self.num_outputs, self.has_head)
         self.head = None
         head = _output_layer(model)
         if self.has_head and isinstance(head, keras.layers.Dense):
@@ -256,8 +257,7 @@ def _archive(model, endpoints):
 def _saved_model_archive(model, preprocessing, class_names, top_k):
     tf = _tf()
     height, width, channels = _check_model(model)
-    outputs = _Outputs(model, None, top_k)
-    outputs.class_names = _check_class_names(class_names, outputs.num_outputs, outputs.has_head)
+    outputs = _Outputs(model, top_k, class_names)
     float_spec = tf.TensorSpec([None, height, width, channels], tf.float32, name="images")
     uint8_spec = tf.TensorSpec([None, None, None, channels], tf.uint8, name="images")
 
@@ -351,7 +351,7 @@ def export_tflite(model, path, quantization=None):
         )
     height, width, channels = _check_model(model)
     model = _float32_copy(model)
-    outputs = _Outputs(model, None, top_k=1)
+    outputs = _Outputs(model, top_k=1)
     spec = tf.TensorSpec([None, height, width, channels], tf.float32, name="images")
     keys = ("features", "logits", "probabilities")
 
