@@ -47,7 +47,16 @@ def _tf():
 # Checks --------------------------------------------------------------------
 
 
+def _check_backend():
+    if keras.backend.backend() != "tensorflow":
+        raise ValueError(
+            "Export needs the TensorFlow backend of Keras (set KERAS_BACKEND=tensorflow "
+            f"before importing keras). Received: backend {keras.backend.backend()!r}"
+        )
+
+
 def _check_model(model):
+    _check_backend()
     if not isinstance(model, keras.Model):
         raise TypeError(
             f"`model` must be a keras.Model. Received: model of type {type(model).__name__}"

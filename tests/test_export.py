@@ -326,6 +326,13 @@ def test_export_time_validation(tiny_config, tmp_path):
     assert not os.path.exists(path)
 
 
+def test_other_backend_gets_a_clear_error(tiny_config, tmp_path, monkeypatch):
+    model = tiny_model(tiny_config)
+    monkeypatch.setattr(keras.backend, "backend", lambda: "jax")
+    with pytest.raises(ValueError, match="Export needs the TensorFlow backend.*'jax'"):
+        export_saved_model(model, str(tmp_path / "sm"))
+
+
 def _free_size_model():
     inputs = keras.Input((None, None, 3))
     return inputs, keras.layers.Dense(2)(keras.layers.GlobalAveragePooling2D()(inputs))
