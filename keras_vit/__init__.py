@@ -2,6 +2,13 @@
 
 from keras_vit import layers
 from keras_vit.export import export_saved_model, export_tflite
+from keras_vit.inspection import (
+    attention_maps,
+    attention_rollout,
+    feature_extractor,
+    mean_attention_distance,
+    position_embedding_similarity,
+)
 from keras_vit.models import (
     VARIANTS,
     VisionTransformer,
@@ -17,6 +24,11 @@ from keras_vit.models import (
     ViT_Ti16,
 )
 from keras_vit.preprocessing import preprocess_inputs
+from keras_vit.visualize import (
+    plot_attention,
+    plot_mean_attention_distance,
+    plot_position_embedding_similarity,
+)
 
 __version__ = "0.1.0"
 
@@ -33,8 +45,16 @@ __all__ = [
     "ViT_S32",
     "ViT_Ti16",
     "VisionTransformer",
+    "attention_maps",
+    "attention_rollout",
     "export_saved_model",
     "export_tflite",
+    "feature_extractor",
     "layers",
+    "mean_attention_distance",
+    "plot_attention",
+    "plot_mean_attention_distance",
+    "plot_position_embedding_similarity",
+    "position_embedding_similarity",
     "preprocess_inputs",
 ]

@@ -2,7 +2,7 @@
 
 from keras_vit.layers.attention import MultiHeadSelfAttention
 from keras_vit.layers.encoder import PatchEncoder
-from keras_vit.layers.patches import Patches
+from keras_vit.layers.patches import Patches, PatchGrid
 from keras_vit.layers.pooling import TokenPooling
 from keras_vit.layers.resnet import BottleneckUnit, GroupNorm, ResNetStage, ResNetStem, StdConv
 from keras_vit.layers.transformer import MLP, DropPath, TransformerBlock
@@ -14,6 +14,7 @@ __all__ = [
     "GroupNorm",
     "MultiHeadSelfAttention",
     "PatchEncoder",
+    "PatchGrid",
     "Patches",
     "ResNetStage",
     "ResNetStem",

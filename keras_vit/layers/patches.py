@@ -90,3 +90,61 @@ class Patches(keras.layers.Layer):
 
     def get_config(self):
         return {**super().get_config(), "patch_size": self.patch_size}
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class PatchGrid(keras.layers.Layer):
+    """Turns a token sequence into a grid of patch tokens.
+
+    The first `num_prefix_tokens` tokens (the class token) are dropped and
+    the rest laid out row-major on the (h, w) grid.
+
+    Args:
+        grid_size: (h, w) of the patch grid.
+        num_prefix_tokens: tokens before the patches (1 with a class token).
+
+    Call arguments:
+        inputs: a (batch, num_prefix_tokens + h * w, D) tensor.
+
+    Returns:
+        A (batch, h, w, D) tensor.
+
+    Example:
+    >>> import numpy as np
+    >>> PatchGrid((2, 3), 1)(np.zeros((4, 7, 8), "float32")).shape
+    (4, 2, 3, 8)
+    """
+
+    def __init__(self, grid_size, num_prefix_tokens=1, **kwargs):
+        super().__init__(**kwargs)
+        self.grid_size = as_pair("grid_size", grid_size)
+        if (
+            isinstance(num_prefix_tokens, bool)
+            or not isinstance(num_prefix_tokens, int)
+            or (num_prefix_tokens < 0)
+        ):
+            raise ValueError(
+                "`num_prefix_tokens` must be a non-negative integer. "
+                f"Received: num_prefix_tokens={num_prefix_tokens!r}"
+            )
+        self.num_prefix_tokens = num_prefix_tokens
+
+    def call(self, inputs):
+        expected = self.num_prefix_tokens + self.grid_size[0] * self.grid_size[1]
+        if len(inputs.shape) != 3 or inputs.shape[1] != expected:
+            raise ValueError(
+                f"PatchGrid expects (batch, {expected}, D) tokens for a {self.grid_size} grid "
+                f"with {self.num_prefix_tokens} prefix tokens. Received: shape={inputs.shape}"
+            )
+        patches = inputs[:, self.num_prefix_tokens :]
+        return ops.reshape(patches, (-1, *self.grid_size, inputs.shape[-1]))
+
+    def compute_output_shape(self, input_shape):
+        return (input_shape[0], *self.grid_size, input_shape[-1])
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "grid_size": self.grid_size,
+            "num_prefix_tokens": self.num_prefix_tokens,
+        }

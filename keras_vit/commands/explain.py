@@ -1,0 +1,100 @@
+"""`keras-vit explain`: attention-rollout overlays and top-k classes for images."""
+
+import os
+
+import numpy as np
+
+from keras_vit.cli import UsageError
+
+HELP = "Write attention-rollout overlays of images and print their top-k classes."
+
+
+def add_arguments(parser):
+    parser.add_argument("images", nargs="+", metavar="IMAGE", help="JPEG or PNG files")
+    parser.add_argument(
+        "--model", required=True, help="a .keras file or a `keras-vit train` output folder"
+    )
+    parser.add_argument("--output", required=True, help="folder for the overlay PNGs")
+    parser.add_argument("--top-k", type=int, default=5, help="classes to print (default 5)")
+    parser.add_argument(
+        "--discard-ratio", type=float, default=0.0, help="rollout: drop this fraction of weights"
+    )
+    parser.add_argument(
+        "--head-fusion", choices=("mean", "max", "min"), default="mean", help="rollout head fusion"
+    )
+
+
+def load_image(path):
+    """Read an image file as a (height, width, 3) uint8 array."""
+    from PIL import Image, UnidentifiedImageError
+
+    if not os.path.isfile(path):
+        raise UsageError(f"no such image file: {path}")
+    try:
+        with Image.open(path) as image:
+            return np.asarray(image.convert("RGB"), dtype="uint8")
+    except (UnidentifiedImageError, OSError) as error:
+        raise UsageError(f"cannot read the image {path}: {error}") from None
+
+
+def resize(image, size):
+    """Bilinear resize of a uint8 (height, width, 3) image to `size` = (h, w)."""
+    from PIL import Image
+
+    return np.asarray(Image.fromarray(image).resize((size[1], size[0]), Image.BILINEAR))
+
+
+def probabilities(model, images):
+    """Class probabilities of `images`, whatever the head's activation."""
+    import keras
+
+    outputs = keras.ops.convert_to_numpy(model(images, training=False)).astype("float64")
+    head = model.get_layer("head") if "head" in [layer.name for layer in model.layers] else None
+    if head is None:
+        raise UsageError("the model has no classification head (num_classes=0)")
+    if head.activation is keras.activations.softmax:
+        return outputs
+    outputs = np.exp(outputs - outputs.max(axis=-1, keepdims=True))
+    return outputs / outputs.sum(axis=-1, keepdims=True)
+
+
+def run(args):
+    import matplotlib.pyplot as plt
+    from PIL import Image
+
+    from keras_vit.export import load_trained
+    from keras_vit.inspection import attention_maps, attention_rollout, patch_encoder
+    from keras_vit.preprocessing import preprocess_inputs
+    from keras_vit.visualize import attention_overlay, plot_attention
+
+    if args.top_k < 1:
+        raise UsageError(f"--top-k must be a positive integer. Received: {args.top_k}")
+    model, class_names = load_trained(args.model)
+    size = tuple(model.input_shape[1:3])
+    originals = [load_image(path) for path in args.images]
+    images = np.stack([resize(image, size) for image in originals])
+    inputs = preprocess_inputs(images)
+    probs = probabilities(model, inputs)
+    rollout = attention_rollout(
+        attention_maps(model, inputs),
+        discard_ratio=args.discard_ratio,
+        head_fusion=args.head_fusion,
+        grid_size=patch_encoder(model).grid_size,
+    )
+    os.makedirs(args.output, exist_ok=True)
+    top_k = min(args.top_k, probs.shape[-1])
+    for path, image, prob, attention in zip(args.images, originals, probs, rollout):
+        order = np.argsort(-prob)[:top_k]
+        names = [class_names[i] if class_names else str(i) for i in order]
+        stem = os.path.splitext(os.path.basename(path))[0]
+        # The overlay at the image's own size, and a titled side-by-side panel.
+        overlay = os.path.join(args.output, f"{stem}_attention.png")
+        Image.fromarray(attention_overlay(image, attention)).save(overlay)
+        panel = os.path.join(args.output, f"{stem}_explain.png")
+        figure = plot_attention(
+            image, attention, path=panel, title=f"{names[0]} ({prob[order[0]]:.1%})"
+        )
+        plt.close(figure)
+        print(f"{path}: " + ", ".join(f"{n} {prob[i]:.3f}" for n, i in zip(names, order)))
+        print(f"  overlay: {overlay}  panel: {panel}")
+    return 0

@@ -1,0 +1,132 @@
+"""Pictures of what a ViT does: attention overlays, position-embedding
+similarity, mean attention distance. matplotlib is imported only when a
+plot is made; every function returns the matplotlib Figure and saves it as
+well when `path` is given."""
+
+import numpy as np
+
+from keras_vit.inspection import mean_attention_distance, position_embedding_similarity
+
+
+def _pyplot():
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg", force=False)
+        import matplotlib.pyplot as plt
+    except ImportError as error:  # pragma: no cover - depends on the install
+        raise ImportError(
+            "The plots need matplotlib: pip install matplotlib"
+        ) from error
+    return plt
+
+
+def _finish(figure, path):
+    if path is not None:
+        figure.savefig(path, dpi=100, bbox_inches="tight")
+    return figure
+
+
+def _as_uint8_image(image):
+    image = np.asarray(image)
+    if image.ndim != 3 or image.shape[-1] not in (1, 3):
+        raise ValueError(
+            "`image` must be one (height, width, 1 or 3) image. "
+            f"Received: image.shape={image.shape}"
+        )
+    if image.dtype != np.uint8:  # floats in [-1, 1], as the models take them
+        image = np.clip((image.astype("float32") + 1.0) * 127.5, 0, 255).astype("uint8")
+    return np.repeat(image, 3, axis=-1) if image.shape[-1] == 1 else image
+
+
+def upsample_map(attention_map, size):
+    """Bilinearly resize a (h, w) map to `size` = (height, width), scaled to [0, 1]."""
+    from PIL import Image
+
+    attention_map = np.asarray(attention_map, "float32")
+    if attention_map.ndim != 2:
+        raise ValueError(f"The map must be 2-D (h, w). Received: shape={attention_map.shape}")
+    low, high = float(attention_map.min()), float(attention_map.max())
+    scaled = (attention_map - low) / (high - low) if high > low else np.zeros_like(attention_map)
+    resized = Image.fromarray(scaled).resize((size[1], size[0]), Image.BILINEAR)
+    return np.clip(np.asarray(resized), 0.0, 1.0)
+
+
+def attention_overlay(image, attention_map, alpha=0.5, colormap="inferno"):
+    """The image blended with a colour-mapped attention map, as a uint8 array."""
+    plt = _pyplot()
+    image = _as_uint8_image(image)
+    heat = upsample_map(attention_map, image.shape[:2])
+    colours = (plt.get_cmap(colormap)(heat)[..., :3] * 255).astype("float32")
+    blended = (1 - alpha) * image.astype("float32") + alpha * colours
+    return blended.clip(0, 255).astype("uint8")
+
+
+def plot_attention(image, rollout, path=None, title=None, alpha=0.5):
+    """The image beside its attention overlay (e.g. a rollout map).
+
+    Args:
+        image: (height, width, 3) uint8 image, or floats in [-1, 1].
+        rollout: a (h, w) map, e.g. one item of `attention_rollout`.
+        path: where to save the PNG, or None.
+        title: an optional title, e.g. the predicted class.
+        alpha: weight of the heat map in the overlay.
+
+    Returns:
+        The matplotlib Figure.
+    """
+    plt = _pyplot()
+    image = _as_uint8_image(image)
+    figure, axes = plt.subplots(1, 2, figsize=(6.4, 3.4))
+    axes[0].imshow(image)
+    axes[0].set_title("image")
+    axes[1].imshow(attention_overlay(image, rollout, alpha=alpha))
+    axes[1].set_title("attention rollout")
+    for axis in axes:
+        axis.axis("off")
+    if title:
+        figure.suptitle(title)
+    return _finish(figure, path)
+
+
+def plot_position_embedding_similarity(model, path=None):
+    """Cosine similarity of each position embedding with all the others.
+
+    One small tile per patch position, laid out as the patch grid, each
+    showing that position's similarity with every position (the ViT paper,
+    Figure 7 centre).
+    """
+    plt = _pyplot()
+    similarity = position_embedding_similarity(model)
+    grid_h, grid_w = similarity.shape[:2]
+    gap = 1
+    mosaic = np.full((grid_h * (grid_h + gap), grid_w * (grid_w + gap)), np.nan, "float32")
+    for i in range(grid_h):
+        for j in range(grid_w):
+            top, left = i * (grid_h + gap), j * (grid_w + gap)
+            mosaic[top : top + grid_h, left : left + grid_w] = similarity[i, j]
+    figure, axis = plt.subplots(figsize=(6, 6 * grid_h / grid_w))
+    shown = axis.imshow(mosaic, cmap="viridis", vmin=-1, vmax=1)
+    axis.set_title("Position embedding similarity")
+    axis.set_xlabel("input patch column")
+    axis.set_ylabel("input patch row")
+    axis.set_xticks([(j + 0.5) * (grid_w + gap) - 1 for j in range(grid_w)], range(1, grid_w + 1))
+    axis.set_yticks([(i + 0.5) * (grid_h + gap) - 1 for i in range(grid_h)], range(1, grid_h + 1))
+    figure.colorbar(shown, ax=axis, fraction=0.046, label="cosine similarity")
+    return _finish(figure, path)
+
+
+def plot_mean_attention_distance(model, images, path=None, maps=None):
+    """Mean attention distance per head against the layer (paper, Figure 7 right)."""
+    plt = _pyplot()
+    distance = mean_attention_distance(model, images, maps=maps)
+    num_layers, num_heads = distance.shape
+    figure, axis = plt.subplots(figsize=(5, 4))
+    for head in range(num_heads):
+        axis.scatter(np.arange(num_layers), distance[:, head], s=12, label=f"head {head}")
+    axis.set_xlabel("network depth (layer)")
+    axis.set_ylabel("mean attention distance (pixels)")
+    axis.set_ylim(0, None)
+    if num_heads <= 16:
+        axis.legend(fontsize=6, ncol=2)
+    return _finish(figure, path)
