@@ -1,0 +1,74 @@
+"""Where does a ViT look? Attention maps, rollout and the paper's Figure 7 plots.
+
+    python examples/attention_maps.py                      # an untrained tiny ViT
+    python examples/attention_maps.py --model runs/vit-... IMAGE.png ...
+
+With `--model` (a `.keras` file or a `keras-vit train` output folder) the
+plots show a trained model; without, a freshly built one on generated images,
+which shows the mechanics but no learned structure.
+"""
+
+import argparse
+import os
+
+import numpy as np
+
+import keras_vit
+
+
+def generated_images(size):
+    """Two uint8 test pictures: a bright disc and a diagonal bar."""
+    rows, cols = np.indices((size, size))
+    disc = ((rows - size * 0.35) ** 2 + (cols - size * 0.6) ** 2 < (size * 0.2) ** 2) * 255
+    bar = (np.abs(rows - cols) < size * 0.08) * 255
+    return np.stack([np.repeat(m[..., None], 3, -1) for m in (disc, bar)]).astype("uint8")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("images", nargs="*", help="image files (default: generated ones)")
+    parser.add_argument("--model", help="a .keras file or a training output folder")
+    parser.add_argument("--output", default="attention_maps", help="folder for the PNGs")
+    args = parser.parse_args()
+
+    if args.model:
+        model, _ = keras_vit.export.load_trained(args.model)
+    else:
+        model = keras_vit.VisionTransformer(
+            image_size=64,
+            patch_size=8,
+            num_layers=4,
+            num_heads=4,
+            hidden_dim=64,
+            mlp_dim=128,
+            num_classes=10,
+        )
+    size = model.input_shape[1:3]
+    if args.images:
+        from keras_vit.commands.explain import load_image, resize
+
+        images = np.stack([resize(load_image(path), size) for path in args.images])
+    else:
+        images = np.stack([np.asarray(image) for image in generated_images(size[0])])
+        images = images[:, : size[0], : size[1]]
+    inputs = keras_vit.preprocess_inputs(images)
+
+    maps = keras_vit.attention_maps(model, inputs)  # one (batch, heads, T, T) array per block
+    print(f"{len(maps)} blocks, attention maps of shape {maps[0].shape}")
+    rollout = keras_vit.attention_rollout(maps, discard_ratio=0.5)
+    os.makedirs(args.output, exist_ok=True)
+    for index, (image, attention) in enumerate(zip(images, rollout)):
+        keras_vit.plot_attention(image, attention, path=f"{args.output}/rollout_{index}.png")
+    keras_vit.plot_position_embedding_similarity(
+        model, path=f"{args.output}/position_similarity.png"
+    )
+    keras_vit.plot_mean_attention_distance(
+        model, inputs, maps=maps, path=f"{args.output}/attention_distance.png"
+    )
+    features = keras_vit.feature_extractor(model, layers=[-1], patch_grid=True)(inputs)[0]
+    print(f"patch-token grid of the last block: {tuple(features.shape)}")
+    print(f"wrote the plots to {args.output}/")
+
+
+if __name__ == "__main__":
+    main()
