@@ -86,14 +86,15 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         self.built = True
 
     def _split_heads(self, inputs):
+        # (batch, tokens, 3 * D) -> three (batch, tokens, heads, head_dim) views; the
+        # einsums below contract over this layout directly, with no transposes.
         qkv = self.qkv(inputs)
         qkv = ops.reshape(qkv, (-1, inputs.shape[1], 3, self.num_heads, self.head_dim))
-        qkv = ops.transpose(qkv, (2, 0, 3, 1, 4))
-        return qkv[0], qkv[1], qkv[2]
+        return qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
 
     def _attention_weights(self, query, key):
         query = query * ops.cast(self.head_dim**-0.5, query.dtype)
-        logits = ops.matmul(query, ops.transpose(key, (0, 1, 3, 2)))
+        logits = ops.einsum("bqhd,bkhd->bhqk", query, key)
         return ops.softmax(ops.cast(logits, "float32"), axis=-1)
 
     def attention_weights(self, inputs):
@@ -105,8 +106,8 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         query, key, value = self._split_heads(inputs)
         weights = ops.cast(self._attention_weights(query, key), value.dtype)
         weights = self.attention_dropout(weights, training=training)
-        x = ops.matmul(weights, value)
-        x = ops.reshape(ops.transpose(x, (0, 2, 1, 3)), (-1, inputs.shape[1], self.hidden_dim))
+        x = ops.einsum("bhqk,bkhd->bqhd", weights, value)
+        x = ops.reshape(x, (-1, inputs.shape[1], self.hidden_dim))
         return self.output_dropout(self.proj(x), training=training)
 
     def compute_output_shape(self, input_shape):
