@@ -213,6 +213,20 @@ class TransformerBlock(keras.layers.Layer):
         y = self.mlp(self.norm2(x), training=training)
         return x + self.drop_path(y, training=training)
 
+    def rematerialized_call(self, layer_call, *args, **kwargs):
+        # Gradient checkpointing under `keras.RematScope`, e.g. mode="list_of_layers"
+        # with the block names: the backward pass recomputes the block instead of
+        # storing its activations. TensorFlow's recompute_grad takes positional
+        # tensors only, so the `training` flag is bound before rematerializing.
+        wrapped = super().rematerialized_call(layer_call, *args, **kwargs)
+        if wrapped is layer_call:
+            return layer_call
+
+        def call(inputs, training=None):
+            return keras.remat(lambda x: layer_call(x, training=training))(inputs)
+
+        return call
+
     def compute_output_shape(self, input_shape):
         return tuple(input_shape)
 
