@@ -1,0 +1,343 @@
+"""One benchmark contender in its own process, driven by benchmarks/bench.py.
+
+The runner builds one model of one library, warms it up (tracing, XLA
+compilation, first allocations), prints a JSON line ``{"ready": ...}`` (or
+``{"skipped": reason}`` and exits), then answers commands read one per line
+on stdin, each with one JSON line on stdout:
+
+    infer SECONDS   run inference batches for at least SECONDS (at least one)
+    train SECONDS   run training steps (AdamW, softmax cross-entropy) likewise
+    gemm SECONDS    (contender "gemm" only) float32 matrix products likewise
+    quit            print the final memory figures and exit
+
+Every answer carries ``peak_rss_mb``: the process's peak resident set
+(getrusage ru_maxrss) so far. The orchestrator sends the commands of all
+contenders interleaved, so each figure is measured under the same load.
+
+Contenders: keras_vit (Keras on TensorFlow, or on JAX with KERAS_BACKEND=jax,
+see bench.py), keras_hub (ViTBackbone + Dense head), vit_keras (build_model),
+timm (VisionTransformer on PyTorch CPU, eager), gemm (the machine limit).
+"""
+
+import argparse
+import json
+import os
+import resource
+import sys
+import time
+
+import numpy as np
+
+ARCHITECTURES = {
+    # name -> (patch_size, hidden_dim, mlp_dim, num_heads, num_layers)
+    "S16": (16, 384, 1536, 6, 12),
+    "B16": (16, 768, 3072, 12, 12),
+    "Ti16": (16, 192, 768, 3, 12),
+}
+NUM_CLASSES = 1000
+LEARNING_RATE = 1e-4
+WEIGHT_DECAY = 0.05
+GEMM_SIZE = 2048
+
+
+class Skip(Exception):
+    """The contender cannot run here; the message says why."""
+
+
+def peak_rss_mb():
+    # Linux reports ru_maxrss in KiB.
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def emit(**fields):
+    sys.stdout.write(json.dumps(fields) + "\n")
+    sys.stdout.flush()
+
+
+# --------------------------------------------------------------------------- Keras contenders
+
+
+def keras_loss_and_optimizer():
+    import keras
+
+    optimizer = keras.optimizers.AdamW(learning_rate=LEARNING_RATE, weight_decay=WEIGHT_DECAY)
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    return optimizer, loss
+
+
+def build_keras_vit(arch, image_size, options):
+    import keras
+
+    try:
+        import keras_vit
+    except ImportError as error:  # pragma: no cover - only outside the repo
+        raise Skip(f"keras_vit not importable: {error}") from error
+    patch, dim, mlp, heads, layers = arch
+    # Gradient checkpointing of whole blocks: Keras' RematScope, given at construction.
+    remat = options.get("remat", "0") == "1"
+    names = [f"transformer_block_{i}" for i in range(layers)] if remat else []
+    with keras.RematScope(mode="list_of_layers" if remat else None, layer_names=names):
+        model = keras_vit.VisionTransformer(
+            image_size=image_size,
+            patch_size=patch,
+            num_layers=layers,
+            num_heads=heads,
+            hidden_dim=dim,
+            mlp_dim=mlp,
+            num_classes=NUM_CLASSES,
+        )
+    jit = options.get("jit", "1") == "1"
+    optimizer, loss = keras_loss_and_optimizer()
+    model.compile(optimizer=optimizer, loss=loss, jit_compile=jit)
+    description = f"keras {keras.__version__} ({keras.backend.backend()}), jit_compile={jit}"
+    return model, description + (", remat of every block" if remat else "")
+
+
+def build_keras_hub(arch, image_size, options):
+    import keras
+
+    try:
+        import keras_hub
+    except ImportError as error:
+        raise Skip(f"keras-hub not installed: {error}") from error
+    patch, dim, mlp, heads, layers = arch
+    backbone = keras_hub.models.ViTBackbone(
+        image_shape=(image_size, image_size, 3),
+        patch_size=patch,
+        num_layers=layers,
+        num_heads=heads,
+        hidden_dim=dim,
+        mlp_dim=mlp,
+    )
+    images = keras.Input((image_size, image_size, 3))
+    tokens = backbone(images)
+    logits = keras.layers.Dense(NUM_CLASSES, name="head")(tokens[:, 0])
+    model = keras.Model(images, logits)
+    optimizer, loss = keras_loss_and_optimizer()
+    model.compile(optimizer=optimizer, loss=loss)
+    return model, f"keras-hub {keras_hub.__version__}, compile() defaults"
+
+
+def build_vit_keras(arch, image_size, options):
+    try:
+        from vit_keras import vit
+    except ImportError as error:
+        raise Skip(f"vit-keras not installed or not importable: {error}") from error
+    import importlib.metadata
+
+    patch, dim, mlp, heads, layers = arch
+    model = vit.build_model(
+        image_size=image_size,
+        patch_size=patch,
+        num_layers=layers,
+        hidden_size=dim,
+        num_heads=heads,
+        name="vit",
+        mlp_dim=mlp,
+        classes=NUM_CLASSES,
+        dropout=0.0,
+    )
+    optimizer, loss = keras_loss_and_optimizer()
+    model.compile(optimizer=optimizer, loss=loss)
+    return model, f"vit-keras {importlib.metadata.version('vit-keras')}, compile() defaults"
+
+
+class KerasContender:
+    def __init__(self, builder, arch, image_size, batch_size, options):
+        import keras
+
+        keras.utils.set_random_seed(0)
+        self.model, self.description = builder(arch, image_size, options)
+        rng = np.random.default_rng(0)
+        self.images = rng.uniform(-1, 1, (batch_size, image_size, image_size, 3)).astype("float32")
+        self.labels = rng.integers(0, NUM_CLASSES, (batch_size,)).astype("int32")
+        self.parameters = self.model.count_params()
+
+    def infer(self):
+        return self.model.predict_on_batch(self.images)
+
+    def train(self):
+        return self.model.train_on_batch(self.images, self.labels)
+
+
+# --------------------------------------------------------------------------- timm
+
+
+class TimmContender:
+    def __init__(self, arch, image_size, batch_size, options):
+        try:
+            import timm
+            import torch
+        except ImportError as error:
+            raise Skip(f"timm/torch not installed: {error}") from error
+        from timm.models.vision_transformer import VisionTransformer
+
+        torch.manual_seed(0)
+        patch, dim, mlp, heads, layers = arch
+        self.torch = torch
+        self.model = VisionTransformer(
+            img_size=image_size,
+            patch_size=patch,
+            embed_dim=dim,
+            depth=layers,
+            num_heads=heads,
+            mlp_ratio=mlp / dim,
+            num_classes=NUM_CLASSES,
+        )
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=LEARNING_RATE, weight_decay=WEIGHT_DECAY
+        )
+        self.loss = torch.nn.CrossEntropyLoss()
+        rng = np.random.default_rng(0)
+        images = rng.uniform(-1, 1, (batch_size, 3, image_size, image_size)).astype("float32")
+        self.images = torch.from_numpy(images)
+        self.labels = torch.from_numpy(rng.integers(0, NUM_CLASSES, (batch_size,)))
+        self.parameters = sum(p.numel() for p in self.model.parameters())
+        self.description = (
+            f"timm {timm.__version__}, torch {torch.__version__} eager, "
+            f"{torch.get_num_threads()} threads"
+        )
+
+    def infer(self):
+        self.model.eval()
+        with self.torch.inference_mode():
+            return self.model(self.images).numpy()
+
+    def train(self):
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = self.loss(self.model(self.images), self.labels)
+        loss.backward()
+        self.optimizer.step()
+        return loss.item()
+
+
+# --------------------------------------------------------------------------- the machine limit
+
+
+class GemmContender:
+    """float32 GEMM throughput: NumPy's BLAS and TensorFlow's matmul, the faster counts."""
+
+    def __init__(self, arch, image_size, batch_size, options):
+        rng = np.random.default_rng(0)
+        self.a = rng.standard_normal((GEMM_SIZE, GEMM_SIZE)).astype("float32")
+        self.b = rng.standard_normal((GEMM_SIZE, GEMM_SIZE)).astype("float32")
+        self.tf = None
+        try:
+            import tensorflow as tf
+
+            self.tf = tf
+            self.ta, self.tb = tf.constant(self.a), tf.constant(self.b)
+        except ImportError:
+            pass
+        self.description = f"{GEMM_SIZE}x{GEMM_SIZE} float32 matmul, NumPy and TensorFlow"
+        self.parameters = 0
+        for _ in range(2):
+            self.gemm(1.0)
+
+    def gemm(self, seconds):
+        flops = 2.0 * GEMM_SIZE**3
+        best = {}
+        candidates = [("numpy", lambda: self.a @ self.b)]
+        if self.tf is not None:
+            candidates.append(("tensorflow", lambda: self.tf.matmul(self.ta, self.tb).numpy()))
+        for name, product in candidates:
+            count, start = 0, time.perf_counter()
+            while True:
+                product()
+                count += 1
+                elapsed = time.perf_counter() - start
+                if elapsed >= seconds / len(candidates):
+                    break
+            best[name] = flops * count / elapsed / 1e9
+        return best
+
+
+# --------------------------------------------------------------------------- driver
+
+
+def timed(step, seconds):
+    count, start = 0, time.perf_counter()
+    while True:
+        step()
+        count += 1
+        elapsed = time.perf_counter() - start
+        if elapsed >= seconds:
+            return count, elapsed
+
+
+def make_contender(name, arch, image_size, batch_size, options):
+    if name == "timm":
+        return TimmContender(arch, image_size, batch_size, options)
+    if name == "gemm":
+        return GemmContender(arch, image_size, batch_size, options)
+    builders = {
+        "keras_vit": build_keras_vit,
+        "keras_hub": build_keras_hub,
+        "vit_keras": build_vit_keras,
+    }
+    if name not in builders:
+        raise ValueError(f"unknown contender: {name!r}; expected one of {sorted(builders)}")
+    return KerasContender(builders[name], arch, image_size, batch_size, options)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--contender", required=True)
+    parser.add_argument("--model", default="S16", choices=sorted(ARCHITECTURES))
+    parser.add_argument("--image-size", type=int, default=224)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--warmup", type=int, default=2, help="warm-up calls of each kind")
+    parser.add_argument("--option", action="append", default=[], help="KEY=VALUE")
+    args = parser.parse_args(argv)
+    options = dict(item.split("=", 1) for item in args.option)
+    arch = ARCHITECTURES[args.model]
+    start = time.perf_counter()
+    try:
+        contender = make_contender(args.contender, arch, args.image_size, args.batch_size, options)
+    except Skip as reason:
+        emit(skipped=str(reason))
+        return 0
+    except Exception as error:  # a peer that fails to build is skipped, with the reason
+        emit(skipped=f"{type(error).__name__}: {error}")
+        return 0
+    warm = {}
+    if args.contender != "gemm":
+        for kind in ("infer", "train"):
+            begin = time.perf_counter()
+            for _ in range(args.warmup):
+                getattr(contender, kind)()
+            warm[kind] = time.perf_counter() - begin
+    emit(
+        ready=True,
+        description=contender.description,
+        parameters=int(contender.parameters),
+        setup_s=time.perf_counter() - start,
+        warmup_s=warm,
+        peak_rss_mb=peak_rss_mb(),
+        pid=os.getpid(),
+    )
+    for line in sys.stdin:
+        command = line.split()
+        if not command:
+            continue
+        if command[0] == "quit":
+            emit(done=True, peak_rss_mb=peak_rss_mb())
+            return 0
+        seconds = float(command[1]) if len(command) > 1 else 1.0
+        if command[0] == "gemm":
+            emit(gflops=contender.gemm(seconds), peak_rss_mb=peak_rss_mb())
+            continue
+        count, elapsed = timed(getattr(contender, command[0]), seconds)
+        emit(
+            kind=command[0],
+            steps=count,
+            seconds=elapsed,
+            images_per_s=count * args.batch_size / elapsed,
+            peak_rss_mb=peak_rss_mb(),
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
