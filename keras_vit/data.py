@@ -1,27 +1,28 @@
-"""tf.data input pipelines: the embedded digits, TFDS names, image folders, arrays.
+"""Input pipelines: batched, prefetched `tf.data.Dataset`s of (image, label).
 
-Every source ends as a `Source`: images (uint8 arrays, or file paths for a
-folder) and integer labels with class names. `train_dataset` and
-`eval_dataset` turn a source into batched, prefetched `tf.data.Dataset`s of
-(float32 images in [-1, 1], labels) -- the `keras_vit.preprocess_inputs`
-scaling, x / 127.5 - 1.
+Images come out float32 NHWC scaled to [-1, 1] (x / 127.5 - 1, as
+`keras_vit.preprocess_inputs`), labels one-hot float32 (so that MixUp/CutMix
+and label smoothing work on them).
 
-Determinism: the training order is a function of (seed, epoch) alone (a NumPy
-permutation per epoch) and the augmentation of an element a function of
-(seed, its global position) alone (stateless random ops), so the batch at
-global step k is the same in every process. That is what lets an interrupted
-run resume mid-epoch and end with the weights of an uninterrupted one
-(`start_step`). Sources read in a stream (TFDS) shuffle with a buffer instead.
+Sources (`load(spec, ...)`):
+- "digits": scikit-learn's bundled handwritten digits (1797 8x8 images, offline),
+  upscaled to `image_size` and repeated to 3 channels; fixed stratified 80/20 split.
+- "tfds:NAME": a TensorFlow Datasets dataset (its "train" split and its
+  "validation" or "test" split).
+- a folder with one sub-folder per class of JPEG/PNG/BMP/GIF files.
+- a .npz file holding x_train, y_train, x_test, y_test.
+
+The training stream is infinite (shuffle, repeat, augment, batch), so a run
+resumed after `skip` steps sees exactly the batches that an uninterrupted run
+would have seen: the augmentation seeds are drawn by position in the stream.
 """
 
-import dataclasses
 import os
 
 import numpy as np
 
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
 DIGITS = "digits"
-_SEED_MIX = 7919
 
 
 def _tf():
@@ -30,466 +31,364 @@ def _tf():
     return tf
 
 
-@dataclasses.dataclass
-class Source:
-    """Images and labels of one split.
+class Data:
+    """What `load` returns: the pipelines' sources and their description."""
 
-    `images` is a uint8 array (N, H, W, C) or, for a folder, an array of file
-    paths; `labels` int32 (N,); `class_names` one string per class. A TFDS
-    source instead holds `stream`, a `tf.data.Dataset` of (uint8 image, label),
-    and its `size`.
-    """
-
-    images: object
-    labels: object
-    class_names: list
-    stream: object = None
-    size: int = None
-
-    def __len__(self):
-        return self.size if self.stream is not None else len(self.labels)
+    def __init__(self, train, validation, class_names, train_size, validation_size):
+        self.train = train  # unbatched (uint8 image, int label) dataset
+        self.validation = validation
+        self.class_names = list(class_names)
+        self.train_size = int(train_size)
+        self.validation_size = int(validation_size)
 
     @property
-    def is_files(self):
-        return self.stream is None and self.images.dtype.kind in "US"
+    def num_classes(self):
+        return len(self.class_names)
 
 
 # Sources ---------------------------------------------------------------------
 
 
-def load_digits(image_size=32, validation_fraction=0.2):
-    """scikit-learn's bundled handwritten digits, upscaled, as (train, validation).
+def digits_arrays(image_size=32, seed=0, validation_fraction=0.2):
+    """The digits dataset as uint8 arrays (N, image_size, image_size, 3), stratified split."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
 
-    1,797 8x8 grey images of the digits 0-9 (shipped with scikit-learn, no
-    download), resized bilinearly to `image_size`, copied to 3 channels and
-    scaled to uint8 0..255. The split is fixed (a permutation with seed 0):
-    1,438 training and 359 validation images for the default fraction.
-    """
-    from sklearn.datasets import load_digits as sklearn_digits
-
-    image_size = _check_image_size(image_size)
-    digits = sklearn_digits()
-    pixels = (digits.images.astype("float32") * (255.0 / 16.0))[..., None]
+    digits = load_digits()
+    images = (digits.images * (255.0 / 16.0)).clip(0, 255).astype("uint8")[..., None]
+    x_train, x_val, y_train, y_val = train_test_split(
+        images,
+        digits.target,
+        test_size=validation_fraction,
+        random_state=seed,
+        stratify=digits.target,
+    )
     tf = _tf()
-    with tf.device("/cpu:0"):
-        resized = tf.image.resize(pixels, image_size, method="bilinear").numpy()
-    images = np.repeat(np.clip(np.round(resized), 0, 255).astype("uint8"), 3, axis=-1)
-    labels = digits.target.astype("int32")
-    order = np.random.default_rng(0).permutation(len(labels))
-    num_validation = int(round(len(labels) * validation_fraction))
-    validation, train = order[:num_validation], order[num_validation:]
-    names = [str(digit) for digit in range(10)]
-    return (
-        Source(images[train], labels[train], names),
-        Source(images[validation], labels[validation], names),
-    )
+
+    def resize(x):
+        x = tf.image.resize(tf.constant(x, tf.float32), (image_size, image_size), "bilinear")
+        x = tf.repeat(x, 3, axis=-1)
+        return np.asarray(tf.clip_by_value(tf.round(x), 0, 255), dtype="uint8")
+
+    return resize(x_train), y_train.astype("int32"), resize(x_val), y_val.astype("int32")
 
 
-def load_arrays(path, validation_fraction=0.1):
-    """A .npz file with `x_train`, `y_train` and optionally `x_val`/`y_val`, `class_names`.
-
-    `x_*` are uint8 (N, H, W, C) (or (N, H, W): grey); without `x_val` the last
-    `validation_fraction` of the (seed-0 permuted) training arrays is held out.
-    """
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"--data {path!r}: no such .npz file")
-    with np.load(path, allow_pickle=False) as arrays:
-        for key in ("x_train", "y_train"):
-            if key not in arrays:
-                raise ValueError(
-                    f"{path} must hold arrays x_train and y_train (and optionally x_val, y_val, "
-                    f"class_names). Received keys: {sorted(arrays.keys())}"
-                )
-        x_train, y_train = _image_array(arrays["x_train"]), arrays["y_train"].astype("int32")
-        if "x_val" in arrays:
-            x_val, y_val = _image_array(arrays["x_val"]), arrays["y_val"].astype("int32")
-        else:
-            order = np.random.default_rng(0).permutation(len(y_train))
-            count = max(1, int(round(len(y_train) * validation_fraction)))
-            x_val, y_val = x_train[order[-count:]], y_train[order[-count:]]
-            x_train, y_train = x_train[order[:-count]], y_train[order[:-count]]
-        num_classes = int(max(y_train.max(), y_val.max())) + 1
-        if "class_names" in arrays:
-            names = [str(name) for name in arrays["class_names"]]
-        else:
-            names = [str(index) for index in range(num_classes)]
-    if len(x_train) != len(y_train):
+def from_arrays(x_train, y_train, x_val, y_val, class_names=None):
+    """A `Data` from numpy arrays: uint8 (or [0, 255] float) images NHWC, int labels."""
+    tf = _tf()
+    arrays = [np.asarray(a) for a in (x_train, y_train, x_val, y_val)]
+    for name, x in (("x_train", arrays[0]), ("x_test", arrays[2])):
+        if x.ndim not in (3, 4):
+            raise ValueError(
+                f"`{name}` must be images (N, height, width[, channels]). "
+                f"Received: shape {x.shape}"
+            )
+    x_train, x_val = (x[..., None] if x.ndim == 3 else x for x in (arrays[0], arrays[2]))
+    y_train, y_val = (y.reshape(-1).astype("int32") for y in (arrays[1], arrays[3]))
+    if len(x_train) != len(y_train) or len(x_val) != len(y_val):
         raise ValueError(
-            f"x_train and y_train differ in length. Received: {len(x_train)} and {len(y_train)}"
+            "Images and labels must have the same length. Received: "
+            f"{len(x_train)} / {len(y_train)} (train), {len(x_val)} / {len(y_val)} (test)"
         )
-    return Source(x_train, y_train, names), Source(x_val, y_val, names)
-
-
-def _image_array(array):
-    if array.ndim == 3:
-        array = array[..., None]
-    if array.ndim != 4:
-        raise ValueError(f"Image arrays must be (N, H, W, C). Received shape {array.shape}")
-    if array.dtype != np.uint8:
-        array = np.clip(array, 0, 255).astype("uint8")
-    return array
-
-
-def load_folder(path, validation_fraction=0.1, skip_corrupt=False):
-    """A folder with one sub-folder per class of JPEG/PNG files.
-
-    `path/train` and `path/val` (or `validation`) are used as the splits when
-    present; otherwise a fixed seed-0 `validation_fraction` of each class is
-    held out. Every file is checked with Pillow first: an unreadable file
-    raises a ValueError naming it, or with `skip_corrupt=True` is left out
-    and counted (the count is printed).
-    """
-    if not os.path.isdir(path):
-        raise FileNotFoundError(f"--data {path!r}: no such folder")
-    splits = [os.path.join(path, name) for name in ("train", "val", "validation")]
-    if os.path.isdir(splits[0]) and (os.path.isdir(splits[1]) or os.path.isdir(splits[2])):
-        validation_dir = splits[1] if os.path.isdir(splits[1]) else splits[2]
-        names = _class_folders(splits[0])
-        train = _read_class_folders(splits[0], names, skip_corrupt)
-        validation = _read_class_folders(validation_dir, names, skip_corrupt)
-        return Source(*train, names), Source(*validation, names)
-    names = _class_folders(path)
-    files, labels = _read_class_folders(path, names, skip_corrupt)
-    rng = np.random.default_rng(0)
-    held_out = np.zeros(len(labels), bool)
-    for label in range(len(names)):
-        members = np.flatnonzero(labels == label)
-        count = int(round(len(members) * validation_fraction))
-        if len(members) > 1:
-            count = max(1, count)
-        held_out[rng.permutation(members)[:count]] = True
-    return (
-        Source(files[~held_out], labels[~held_out], names),
-        Source(files[held_out], labels[held_out], names),
+    num_classes = int(max(y_train.max(), y_val.max())) + 1
+    if class_names is None:
+        class_names = [str(i) for i in range(num_classes)]
+    return Data(
+        tf.data.Dataset.from_tensor_slices((x_train, y_train)),
+        tf.data.Dataset.from_tensor_slices((x_val, y_val)),
+        class_names,
+        len(x_train),
+        len(x_val),
     )
 
 
-def _class_folders(path):
-    names = sorted(entry for entry in os.listdir(path) if os.path.isdir(os.path.join(path, entry)))
-    if not names:
-        raise ValueError(f"{path!r} has no class sub-folders (one folder of images per class)")
-    return names
+def _from_npz(path):
+    with np.load(path) as data:
+        missing = [k for k in ("x_train", "y_train", "x_test", "y_test") if k not in data]
+        if missing:
+            raise ValueError(
+                f"{path} must hold x_train, y_train, x_test and y_test. Missing: {missing}"
+            )
+        arrays = [data[k] for k in ("x_train", "y_train", "x_test", "y_test")]
+        class_names = [str(c) for c in data["class_names"]] if "class_names" in data else None
+    return from_arrays(*arrays, class_names=class_names)
 
 
-def _read_class_folders(path, names, skip_corrupt):
+def list_image_folder(directory, skip_corrupt=False):
+    """Files and labels of a folder of class sub-folders, every image checked with Pillow.
+
+    A file that Pillow cannot read raises ValueError naming it, or with
+    `skip_corrupt=True` is left out and counted.
+
+    Returns:
+        (paths, labels, class_names, skipped): skipped is the list of left-out files.
+    """
     from PIL import Image
 
-    files, labels, skipped = [], [], []
-    for label, name in enumerate(names):
-        folder = os.path.join(path, name)
-        for entry in sorted(os.listdir(folder)):
-            file = os.path.join(folder, entry)
-            if not entry.lower().endswith(IMAGE_EXTENSIONS):
-                continue
-            try:
-                with Image.open(file) as image:
-                    image.load()
-            except Exception as error:  # Pillow raises many kinds for bad files.
-                if not skip_corrupt:
-                    raise ValueError(
-                        f"Cannot read the image {file!r} ({type(error).__name__}: {error}); "
-                        "fix or remove it, or skip unreadable files (--skip-corrupt)"
-                    ) from None
-                skipped.append(file)
-                continue
-            files.append(file)
-            labels.append(label)
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(f"No such folder. Received: data={directory!r}")
+    class_names = sorted(
+        d for d in os.listdir(directory) if os.path.isdir(os.path.join(directory, d))
+    )
+    if not class_names:
+        raise ValueError(
+            f"The folder {directory!r} must hold one sub-folder of images per class. "
+            "Received: no sub-folders"
+        )
+    paths, labels, skipped = [], [], []
+    for label, name in enumerate(class_names):
+        for root, _, files in sorted(os.walk(os.path.join(directory, name))):
+            for file in sorted(files):
+                if not file.lower().endswith(IMAGE_EXTENSIONS):
+                    continue
+                path = os.path.join(root, file)
+                try:
+                    with Image.open(path) as image:
+                        image.load()
+                except Exception as error:  # noqa: BLE001 - any decoder failure
+                    if not skip_corrupt:
+                        raise ValueError(
+                            f"Cannot read the image {path}: {error}. Remove it or pass "
+                            "skip_corrupt=True (--skip-corrupt) to leave such files out."
+                        ) from None
+                    skipped.append(path)
+                    continue
+                paths.append(path)
+                labels.append(label)
+    if not paths:
+        raise ValueError(f"No readable images in {directory!r} (extensions {IMAGE_EXTENSIONS})")
+    return paths, np.asarray(labels, "int32"), class_names, skipped
+
+
+def _from_folder(directory, image_size, seed, validation_fraction, skip_corrupt):
+    tf = _tf()
+    paths, labels, class_names, skipped = list_image_folder(directory, skip_corrupt)
     if skipped:
-        print(f"Skipped {len(skipped)} unreadable image(s) under {path}, e.g. {skipped[0]}")
-    if not files:
-        raise ValueError(f"No JPEG/PNG images under {path!r}")
-    return np.array(files), np.array(labels, "int32")
+        print(f"Skipped {len(skipped)} unreadable image(s) in {directory}")
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(len(paths))
+    paths, labels = np.asarray(paths)[order], labels[order]
+    n_val = int(round(len(paths) * validation_fraction))
+    size = image_size
+
+    def read(path, label):
+        data = tf.io.read_file(path)
+        image = tf.io.decode_image(data, channels=3, expand_animations=False)
+        image = tf.image.resize(image, (size, size), antialias=True)
+        return tf.cast(tf.clip_by_value(tf.round(image), 0, 255), tf.uint8), label
+
+    def dataset(p, y):
+        return tf.data.Dataset.from_tensor_slices((p, y)).map(
+            read, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
+        )
+
+    return Data(
+        dataset(paths[n_val:], labels[n_val:]),
+        dataset(paths[:n_val], labels[:n_val]),
+        class_names,
+        len(paths) - n_val,
+        n_val,
+    )
 
 
-def load_tfds(name, data_dir=None):
-    """A TensorFlow Datasets name as (train, validation) streaming sources.
-
-    Uses the "train" split and the first of "validation" / "test" present;
-    needs the data prepared (downloaded) in `data_dir` or TFDS' default.
-    """
+def _from_tfds(name, image_size, data_dir=None):
     import tensorflow_datasets as tfds
 
+    tf = _tf()
     builder = tfds.builder(name, data_dir=data_dir)
-    builder.download_and_prepare()
     splits = builder.info.splits
-    validation_split = next((s for s in ("validation", "test") if s in splits), None)
-    if "train" not in splits or validation_split is None:
+    validation = next((s for s in ("validation", "test") if s in splits), None)
+    if "train" not in splits or validation is None:
         raise ValueError(
-            f"tfds:{name} needs a 'train' and a 'validation' or 'test' split. "
-            f"Received splits: {sorted(splits.keys())}"
+            f"tfds:{name} must have a 'train' split and a 'validation' or 'test' split. "
+            f"Received: splits {sorted(splits)}"
         )
-    label_feature = builder.info.features["label"]
-    names = list(label_feature.names)
-    sources = []
-    for split in ("train", validation_split):
-        stream = builder.as_dataset(split=split, as_supervised=True, shuffle_files=False)
-        sources.append(Source(None, None, names, stream=stream, size=splits[split].num_examples))
-    return tuple(sources)
+    builder.download_and_prepare()
+    label = builder.info.features["label"]
+    class_names = list(label.names)
+
+    def resize(image, label):
+        if image.shape[-1] == 1:
+            image = tf.image.grayscale_to_rgb(image)
+        image = tf.image.resize(image, (image_size, image_size), antialias=True)
+        return tf.cast(tf.clip_by_value(tf.round(image), 0, 255), tf.uint8), tf.cast(
+            label, tf.int32
+        )
+
+    read = dict(shuffle_files=False, as_supervised=True)
+    train = builder.as_dataset(split="train", **read).map(resize)
+    val = builder.as_dataset(split=validation, **read).map(resize)
+    return Data(
+        train, val, class_names, splits["train"].num_examples, splits[validation].num_examples
+    )
 
 
-def load_data(spec, image_size=32, skip_corrupt=False, data_dir=None):
-    """`--data`: "digits", "tfds:NAME", a folder of class folders, or an .npz file."""
+def load(spec=DIGITS, image_size=32, seed=0, validation_fraction=0.2, skip_corrupt=False):
+    """Reads a data source (see the module docstring) as a `Data`."""
     if not isinstance(spec, str) or not spec:
-        raise ValueError(
-            f"`data` must be digits, tfds:NAME, a folder or an .npz file. Received: {spec!r}"
-        )
+        raise ValueError(f"`data` must be a non-empty string. Received: data={spec!r}")
     if spec == DIGITS:
-        return load_digits(image_size)
+        x_train, y_train, x_val, y_val = digits_arrays(image_size, seed, validation_fraction)
+        return from_arrays(x_train, y_train, x_val, y_val, [str(i) for i in range(10)])
     if spec.startswith("tfds:"):
-        return load_tfds(spec[len("tfds:") :], data_dir=data_dir)
+        return _from_tfds(spec[len("tfds:") :], image_size)
     if spec.endswith(".npz"):
-        return load_arrays(spec)
+        if not os.path.isfile(spec):
+            raise FileNotFoundError(f"No such .npz file. Received: data={spec!r}")
+        return _from_npz(spec)
     if os.path.isdir(spec):
-        return load_folder(spec, skip_corrupt=skip_corrupt)
+        return _from_folder(spec, image_size, seed, validation_fraction, skip_corrupt)
     raise ValueError(
-        f"`data` must be digits, tfds:NAME, a folder of class folders or an .npz file. "
-        f"Received: {spec!r} (no such folder or file)"
+        "`data` must be 'digits', 'tfds:NAME', a folder of class sub-folders or a .npz file. "
+        f"Received: data={spec!r}"
     )
 
 
 # Pipelines -------------------------------------------------------------------
 
 
-def _check_image_size(image_size):
-    if isinstance(image_size, int):
-        image_size = (image_size, image_size)
-    if (
-        not isinstance(image_size, (tuple, list))
-        or len(image_size) != 2
-        or not all(isinstance(side, int) and side > 0 for side in image_size)
-    ):
-        raise ValueError(
-            f"`image_size` must be a positive int or (height, width). Received: {image_size!r}"
-        )
-    return tuple(image_size)
+def scale(images):
+    """uint8-range images to [-1, 1]: x / 127.5 - 1."""
+    tf = _tf()
+    return tf.cast(images, tf.float32) / 127.5 - 1.0
+
+
+def random_resized_crop(image, seed, scale_range=(0.6, 1.0), ratio_range=(3 / 4, 4 / 3)):
+    """A stateless random crop of `scale_range` of the area, resized back to the image's size."""
+    tf = _tf()
+    shape = tf.shape(image)
+    height, width = shape[0], shape[1]
+    seeds = tf.random.experimental.stateless_split(seed, 4)
+    area = tf.cast(height * width, tf.float32)
+    target = area * tf.random.stateless_uniform([], seeds[0], *scale_range)
+    log_ratio = tf.random.stateless_uniform(
+        [], seeds[1], np.log(ratio_range[0]), np.log(ratio_range[1])
+    )
+    ratio = tf.exp(log_ratio)
+    crop_w = tf.clip_by_value(tf.cast(tf.round(tf.sqrt(target * ratio)), tf.int32), 1, width)
+    crop_h = tf.clip_by_value(tf.cast(tf.round(tf.sqrt(target / ratio)), tf.int32), 1, height)
+    top = tf.random.stateless_uniform([], seeds[2], 0, height - crop_h + 1, tf.int32)
+    left = tf.random.stateless_uniform([], seeds[3], 0, width - crop_w + 1, tf.int32)
+    crop = image[top : top + crop_h, left : left + crop_w]
+    return tf.image.resize(crop, (height, width), "bilinear")
+
+
+def _augmenter(flip, crop_scale, num_classes):
+    tf = _tf()
+
+    def augment(element, seed):
+        image, label = element
+        seeds = tf.random.experimental.stateless_split(seed, 2)
+        image = tf.cast(image, tf.float32)
+        if crop_scale is not None:
+            image = random_resized_crop(image, seeds[0], (crop_scale, 1.0))
+        if flip:
+            image = tf.image.stateless_random_flip_left_right(image, seeds[1])
+        return image, tf.one_hot(label, num_classes)
+
+    return augment
+
+
+def train_pipeline(
+    data,
+    batch_size,
+    seed=0,
+    skip_steps=0,
+    flip=True,
+    crop_scale=0.6,
+    rand_augment=False,
+    mixup=False,
+    cutmix=False,
+    cache=True,
+    deterministic=True,
+):
+    """The infinite training stream: batches of (scaled image, one-hot label).
+
+    Args:
+        data: a `Data` (from `load`).
+        batch_size: the global batch size.
+        seed: seed of the shuffle and of the augmentation.
+        skip_steps: batches to leave out at the start (resuming a run).
+        flip: random horizontal flips.
+        crop_scale: smallest area fraction of the random resized crop; None for no crop.
+        rand_augment: apply `keras.layers.RandAugment` (per batch).
+        mixup, cutmix: apply `keras.layers.MixUp` / `keras.layers.CutMix` (per batch).
+        cache: cache the decoded images in memory.
+        deterministic: the same batches, in the same order, on every run.
+    """
+    tf = _tf()
+    _check_batch_size(batch_size)
+    source = data.train.cache() if cache else data.train
+    stream = source.shuffle(
+        min(data.train_size, 50_000), seed=seed, reshuffle_each_iteration=True
+    ).repeat()
+    seeds = tf.data.Dataset.random(seed=seed).batch(2).map(lambda s: tf.cast(s, tf.int32))
+    stream = tf.data.Dataset.zip((stream, seeds)).map(
+        _augmenter(flip, crop_scale, data.num_classes),
+        num_parallel_calls=tf.data.AUTOTUNE,
+        deterministic=True,
+    )
+    stream = stream.batch(batch_size, drop_remainder=True)
+    batch_layers = _batch_augmenters(rand_augment, mixup, cutmix, seed)
+    if batch_layers:
+
+        def apply(images, labels):
+            for layer in batch_layers:
+                images, labels = layer(images, labels)
+            return images, labels
+
+        stream = stream.map(apply)
+    stream = stream.map(lambda x, y: (x / 127.5 - 1.0, y))
+    if skip_steps:
+        stream = stream.skip(skip_steps)
+    options = tf.data.Options()
+    options.deterministic = deterministic
+    return stream.with_options(options).prefetch(tf.data.AUTOTUNE)
+
+
+def _batch_augmenters(rand_augment, mixup, cutmix, seed):
+    import keras
+
+    result = []
+    if rand_augment:
+        layer = keras.layers.RandAugment(value_range=(0, 255), seed=seed)
+        result.append(lambda x, y, layer=layer: (layer(x, training=True), y))
+    for enabled, cls in ((mixup, "MixUp"), (cutmix, "CutMix")):
+        if enabled:
+            layer = getattr(keras.layers, cls)(seed=seed)
+
+            def mix(x, y, layer=layer):
+                out = layer({"images": x, "labels": y}, training=True)
+                return out["images"], out["labels"]
+
+            result.append(mix)
+    return result
+
+
+def eval_pipeline(data, batch_size, cache=True, split="validation"):
+    """Batches of (scaled image, one-hot label) of the validation split, in order."""
+    tf = _tf()
+    _check_batch_size(batch_size)
+    source = data.validation if split == "validation" else data.train
+    if cache:
+        source = source.cache()
+    num_classes = data.num_classes
+    return (
+        source.batch(batch_size)
+        .map(lambda x, y: (scale(x), tf.one_hot(y, num_classes)))
+        .prefetch(tf.data.AUTOTUNE)
+    )
+
+
+def steps_per_epoch(data, batch_size):
+    """Batches in one pass over the training set (at least 1)."""
+    return max(1, data.train_size // batch_size)
 
 
 def _check_batch_size(batch_size):
-    if not isinstance(batch_size, int) or batch_size <= 0:
+    if (
+        isinstance(batch_size, bool)
+        or not isinstance(batch_size, (int, np.integer))
+        or batch_size < 1
+    ):
         raise ValueError(f"`batch_size` must be a positive integer. Received: {batch_size!r}")
-
-
-def steps_per_epoch(source, batch_size):
-    """Training steps per epoch (incomplete last batches are dropped)."""
-    _check_batch_size(batch_size)
-    steps = len(source) // batch_size
-    if steps == 0:
-        raise ValueError(f"`batch_size` ({batch_size}) exceeds the {len(source)} training images")
-    return steps
-
-
-def _decode(tf, item, channels):
-    if item.dtype == tf.string:
-        image = tf.io.decode_image(
-            tf.io.read_file(item), channels=channels, expand_animations=False
-        )
-        return image
-    return item
-
-
-def _scale(tf, image):
-    return tf.cast(image, tf.float32) / 127.5 - 1.0
-
-
-def _resize(tf, image, image_size):
-    return tf.image.resize(tf.cast(image, tf.float32), image_size, method="bilinear")
-
-
-def _augment(tf, image, image_size, seed, crop_scale, flip):
-    """Random resized crop (area fraction `crop_scale`, aspect 3/4..4/3) and a flip."""
-    if crop_scale is not None:
-        begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
-            tf.shape(image),
-            bounding_boxes=tf.constant([[[0.0, 0.0, 1.0, 1.0]]]),
-            seed=seed,
-            min_object_covered=0.0,
-            aspect_ratio_range=(3 / 4, 4 / 3),
-            area_range=crop_scale,
-            max_attempts=10,
-            use_image_if_no_bounding_boxes=True,
-        )
-        image = tf.slice(image, begin, size)
-    image = _resize(tf, image, image_size)
-    if flip:
-        image = tf.image.stateless_random_flip_left_right(image, seed=seed + [1, 0])
-    return image
-
-
-def _mix(tf, images, labels, seed, num_classes, mixup_alpha, cutmix_alpha):
-    """MixUp or CutMix of a batch with its reverse (soft labels), stateless."""
-    labels = tf.one_hot(labels, num_classes)
-    alpha = mixup_alpha or cutmix_alpha
-    gamma = tf.random.stateless_gamma([2], seed=seed, alpha=alpha)
-    weight = gamma[0] / (gamma[0] + gamma[1])
-    other_images, other_labels = tf.reverse(images, [0]), tf.reverse(labels, [0])
-    if mixup_alpha:
-        images = weight * images + (1 - weight) * other_images
-    else:
-        shape = tf.shape(images)
-        height, width = shape[1], shape[2]
-        cut = tf.sqrt(1.0 - weight)
-        cut_h = tf.cast(tf.cast(height, tf.float32) * cut, tf.int32)
-        cut_w = tf.cast(tf.cast(width, tf.float32) * cut, tf.int32)
-        centre = tf.random.stateless_uniform([2], seed=seed + [0, 1], maxval=1.0)
-        cy = tf.cast(centre[0] * tf.cast(height, tf.float32), tf.int32)
-        cx = tf.cast(centre[1] * tf.cast(width, tf.float32), tf.int32)
-        y0, y1 = (
-            tf.clip_by_value(cy - cut_h // 2, 0, height),
-            tf.clip_by_value(cy + cut_h // 2, 0, height),
-        )
-        x0, x1 = (
-            tf.clip_by_value(cx - cut_w // 2, 0, width),
-            tf.clip_by_value(cx + cut_w // 2, 0, width),
-        )
-        rows = tf.logical_and(tf.range(height) >= y0, tf.range(height) < y1)
-        cols = tf.logical_and(tf.range(width) >= x0, tf.range(width) < x1)
-        box = tf.cast(tf.logical_and(rows[:, None], cols[None, :]), tf.float32)[None, :, :, None]
-        images = images * (1 - box) + other_images * box
-        weight = 1.0 - tf.cast((y1 - y0) * (x1 - x0), tf.float32) / tf.cast(
-            height * width, tf.float32
-        )
-    labels = weight * labels + (1 - weight) * other_labels
-    return images, labels
-
-
-def train_dataset(
-    source,
-    batch_size,
-    image_size=32,
-    epochs=1,
-    seed=0,
-    start_step=0,
-    end_step=None,
-    crop_scale=(0.8, 1.0),
-    flip=True,
-    rand_augment=False,
-    mixup_alpha=0.0,
-    cutmix_alpha=0.0,
-    channels=3,
-    cache=True,
-):
-    """The training pipeline: shuffle, decode, augment, scale, batch, prefetch.
-
-    Args:
-        source: a `Source`.
-        batch_size: the global batch size.
-        image_size: int or (height, width) of the model's input.
-        epochs: number of epochs the dataset covers.
-        seed: the seed of the shuffling and augmentation.
-        start_step, end_step: the global steps [start, end) to yield (default
-            the whole of `epochs`); resuming starts at the step reached.
-        crop_scale: (min, max) area fraction of the random resized crop, or
-            None for a plain resize.
-        flip: random horizontal flips.
-        rand_augment: apply `keras.layers.RandAugment` (not stateless: its
-            results are not reproducible across processes).
-        mixup_alpha, cutmix_alpha: MixUp or CutMix with this Beta(alpha,
-            alpha); labels become one-hot soft labels (at most one of the two).
-        channels: channels of the decoded images.
-        cache: cache decoded in-memory arrays.
-
-    Returns:
-        A `tf.data.Dataset` of (float32 images in [-1, 1], labels): int32
-        labels, or float32 one-hot labels with MixUp/CutMix.
-    """
-    tf = _tf()
-    image_size = _check_image_size(image_size)
-    if mixup_alpha and cutmix_alpha:
-        raise ValueError(
-            "Use MixUp or CutMix, not both. "
-            f"Received: mixup_alpha={mixup_alpha}, cutmix_alpha={cutmix_alpha}"
-        )
-    steps = steps_per_epoch(source, batch_size)
-    end_step = steps * epochs if end_step is None else end_step
-    num_classes = len(source.class_names)
-    autotune = tf.data.AUTOTUNE
-
-    if source.stream is not None:
-        stream = source.stream.shuffle(10_000, seed=seed, reshuffle_each_iteration=True).repeat()
-        dataset = stream.enumerate().map(lambda i, pair: (pair[0], pair[1], i))
-        dataset = dataset.skip(start_step * batch_size)
-    else:
-        count = len(source)
-        orders = [
-            np.random.default_rng([seed, epoch]).permutation(count)[: steps * batch_size]
-            for epoch in range(start_step // steps, (end_step + steps - 1) // steps)
-        ]
-        offset = (start_step // steps) * steps * batch_size
-        indices = np.concatenate(orders)[(start_step % steps) * batch_size :]
-        indices = indices[: (end_step - start_step) * batch_size]
-        positions = np.arange(len(indices), dtype="int64") + start_step * batch_size
-        del offset
-        images = tf.constant(source.images)
-        labels = tf.constant(source.labels)
-        dataset = tf.data.Dataset.from_tensor_slices((indices, positions)).map(
-            lambda i, position: (tf.gather(images, i), tf.gather(labels, i), position)
-        )
-
-    def element(image, label, position):
-        element_seed = tf.stack([tf.cast(seed, tf.int64) * _SEED_MIX, position])
-        element_seed = tf.cast(element_seed, tf.int32)
-        image = _decode(tf, image, channels)
-        image = _augment(tf, image, image_size, element_seed, crop_scale, flip)
-        image.set_shape([*image_size, channels])
-        return image, tf.cast(label, tf.int32)
-
-    dataset = dataset.map(element, num_parallel_calls=autotune, deterministic=True)
-    if rand_augment:
-        import keras
-
-        augmenter = keras.layers.RandAugment(value_range=(0, 255), seed=seed)
-        dataset = dataset.map(lambda x, y: (augmenter(x), y), num_parallel_calls=autotune)
-    dataset = dataset.batch(batch_size, drop_remainder=True)
-    dataset = dataset.map(lambda x, y: (_scale(tf, x), y), num_parallel_calls=autotune)
-    if mixup_alpha or cutmix_alpha:
-        steps_ids = tf.data.Dataset.range(start_step, end_step)
-
-        def mix(batch, step):
-            step_seed = tf.cast(tf.stack([tf.cast(seed, tf.int64) + 1, step]), tf.int32)
-            return _mix(tf, *batch, step_seed, num_classes, mixup_alpha, cutmix_alpha)
-
-        dataset = tf.data.Dataset.zip((dataset, steps_ids)).map(mix, num_parallel_calls=autotune)
-    if source.stream is not None:
-        dataset = dataset.take(end_step - start_step)
-    return dataset.prefetch(autotune)
-
-
-def eval_dataset(source, batch_size, image_size=32, channels=3, cache=True, one_hot=False):
-    """The evaluation pipeline: decode, resize, scale, batch (all images kept), prefetch."""
-    tf = _tf()
-    image_size = _check_image_size(image_size)
-    _check_batch_size(batch_size)
-    num_classes = len(source.class_names)
-    if source.stream is not None:
-        dataset = source.stream
-    else:
-        dataset = tf.data.Dataset.from_tensor_slices((source.images, source.labels))
-
-    def element(image, label):
-        image = _resize(tf, _decode(tf, image, channels), image_size)
-        image.set_shape([*image_size, channels])
-        label = tf.cast(label, tf.int32)
-        if one_hot:
-            label = tf.one_hot(label, num_classes)
-        return _scale(tf, image), label
-
-    dataset = dataset.map(element, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    if cache and source.stream is None and not source.is_files:
-        dataset = dataset.cache()
-    return dataset.batch(batch_size).prefetch(tf.data.AUTOTUNE)
-
-
-def load_image(path, image_size, channels=3):
-    """One image file as a float32 (1, H, W, C) array in [-1, 1] (for predict)."""
-    tf = _tf()
-    from PIL import Image
-
-    try:
-        with Image.open(path) as image:
-            image.load()
-    except Exception as error:
-        raise ValueError(
-            f"Cannot read the image {path!r} ({type(error).__name__}: {error})"
-        ) from None
-    image = _decode(tf, tf.constant(path), channels)
-    return _scale(tf, _resize(tf, image, _check_image_size(image_size)))[None].numpy()

@@ -1,378 +1,464 @@
-"""`keras-vit train`: train or fine-tune a ViT; with no arguments, a small ViT on digits."""
+"""`keras-vit train`: train or fine-tune a ViT; the project's main job.
 
-import csv
+With no arguments it trains a small ViT on scikit-learn's bundled digits
+(offline) and writes runs/vit-<timestamp>/ with model.keras, saved_model/,
+classes.json, history.csv, history.json, curves.png and best.keras.
+"""
+
 import json
 import os
 import shutil
-import sys
-import tempfile
 import time
 
 from keras_vit.cli import UsageError
 
-HELP = "Train or fine-tune a ViT (default: a small ViT on the embedded digits dataset)."
+HELP = "Train or fine-tune a ViT (default: a small ViT on the bundled digits, offline)."
 
-# The default model: 32x32 images, 4x4 patches (64 tokens), 4 layers of width 64.
-TINY = dict(patch_size=4, num_layers=4, num_heads=4, hidden_dim=64, mlp_dim=128)
-DEFAULT_OUTPUT = "keras_vit_run"
-PRECISIONS = ("mixed_float16", "mixed_bfloat16")
+# Small configurations for small images; any name of keras_vit.VARIANTS works too.
+PRESETS = {
+    "vit-digits": dict(patch_size=4, num_layers=4, num_heads=4, hidden_dim=64, mlp_dim=128),
+    "vit-test": dict(patch_size=4, num_layers=1, num_heads=2, hidden_dim=16, mlp_dim=32),
+}
+DEFAULT_MODEL = "vit-digits"
+RUN_FILE = "run.json"
+# Arguments stored in run.json and reused by --resume.
+STORED = (
+    "model",
+    "data",
+    "image_size",
+    "epochs",
+    "batch_size",
+    "lr",
+    "optimizer",
+    "weight_decay",
+    "warmup_epochs",
+    "label_smoothing",
+    "clipnorm",
+    "weights",
+    "mixed_precision",
+    "seed",
+    "flip",
+    "crop_scale",
+    "rand_augment",
+    "mixup",
+    "cutmix",
+    "dropout",
+    "backup_steps",
+    "jit_compile",
+    "skip_corrupt",
+)
+
+
+def _positive_int(text):
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+def _positive_float(text):
+    import argparse
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+    return value
 
 
 def add_arguments(parser):
+    from keras_vit.training import STRATEGIES
+
     parser.add_argument(
         "--model",
-        default="tiny",
-        help="'tiny' (default: patch 4, 4 layers, width 64) or a "
-        "variant name such as ViT_Ti16, ViT_B16",
+        default=DEFAULT_MODEL,
+        help=f"{' | '.join(PRESETS)} or a variant such as ViT_Ti16, ViT_B16 "
+        f"(default {DEFAULT_MODEL}: patch 4, width 64, 4 layers, 4 heads)",
     )
     parser.add_argument(
         "--data",
         default="digits",
-        help="digits (default, embedded), tfds:NAME, a folder of "
-        "class sub-folders, or an .npz with x_train/y_train[/x_val/y_val]",
+        help="digits (bundled, offline; default) | tfds:NAME | a folder with one sub-folder "
+        "per class | a .npz with x_train, y_train, x_test, y_test",
     )
-    parser.add_argument("--image-size", type=int, default=32, help="input side in pixels (32)")
-    parser.add_argument("--epochs", type=int, default=30, help="training epochs (30)")
-    parser.add_argument("--batch-size", type=int, default=64, help="the GLOBAL batch size (64)")
+    parser.add_argument("--image-size", type=_positive_int, default=32, help="default 32")
+    parser.add_argument("--epochs", type=_positive_int, default=30, help="default 30")
+    parser.add_argument(
+        "--batch-size",
+        type=_positive_int,
+        default=64,
+        help="the GLOBAL batch size, split over all replicas and workers (default 64)",
+    )
     parser.add_argument(
         "--lr",
-        type=float,
-        default=0.01,
-        help="base learning rate for a global batch of 512; "
-        "the rate used is lr * batch_size / 512 (default 0.01, i.e. 1.25e-3 at batch 64)",
+        type=_positive_float,
+        default=4e-3,
+        help="base learning rate for a global batch of 256; the peak rate used is "
+        "lr * batch_size / 256 (default 4e-3, i.e. 1e-3 at batch 64), reached after a "
+        "linear warm-up and followed by cosine decay to 0",
     )
-    parser.add_argument("--warmup-epochs", type=float, default=3.0, help="linear warm-up (3)")
-    parser.add_argument("--weight-decay", type=float, default=0.05, help="decoupled decay (0.05)")
     parser.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw")
-    parser.add_argument("--label-smoothing", type=float, default=0.1)
-    parser.add_argument("--clipnorm", type=float, default=1.0, help="global gradient norm clip")
-    parser.add_argument("--dropout", type=float, default=0.0, help="dropout rate")
-    parser.add_argument("--drop-path", type=float, default=0.0, help="stochastic depth rate")
+    parser.add_argument("--weight-decay", type=float, default=0.05, help="default 0.05")
+    parser.add_argument("--warmup-epochs", type=float, default=3.0, help="default 3")
+    parser.add_argument("--label-smoothing", type=float, default=0.1, help="default 0.1")
+    parser.add_argument("--clipnorm", type=float, default=1.0, help="global-norm clipping")
+    parser.add_argument("--dropout", type=float, default=0.0, help="dropout rate (default 0)")
     parser.add_argument(
-        "--crop-scale",
-        type=float,
-        default=0.8,
-        help="min area of the random resized crop (1 = no crop)",
-    )
-    parser.add_argument(
-        "--flip",
-        action="store_true",
-        help="random horizontal flips (off by default: digits are not mirror-symmetric)",
-    )
-    parser.add_argument("--rand-augment", action="store_true", help="keras.layers.RandAugment")
-    parser.add_argument("--mixup", type=float, default=0.0, help="MixUp alpha (0 = off)")
-    parser.add_argument("--cutmix", type=float, default=0.0, help="CutMix alpha (0 = off)")
-    parser.add_argument(
-        "--skip-corrupt",
-        action="store_true",
-        help="folder data: skip unreadable images instead of stopping",
-    )
-    parser.add_argument(
-        "--weights",
-        help="fine-tune from a checkpoint (.keras, .npz, "
-        ".safetensors or a preset name); a different head size is re-initialised",
+        "--weights", help="fine-tune from a checkpoint file (.npz, .safetensors, .keras ...)"
     )
     parser.add_argument(
         "--mixed-precision",
-        nargs="?",
-        const="mixed_float16",
-        choices=PRECISIONS,
-        help="mixed precision policy (mixed_float16 when given alone)",
+        action="store_true",
+        help="mixed_float16 on GPUs, mixed_bfloat16 on CPUs/TPUs",
     )
-    parser.add_argument(
-        "--strategy", default="auto", choices=("auto", "default", "mirrored", "multiworker", "tpu")
-    )
-    parser.add_argument("--jit-compile", action="store_true", help="XLA-compile the train step")
-    parser.add_argument(
-        "--output", default=DEFAULT_OUTPUT, help=f"output folder ({DEFAULT_OUTPUT})"
-    )
+    parser.add_argument("--strategy", choices=STRATEGIES, default="auto", help="default auto")
+    parser.add_argument("--output", help="output folder (default runs/vit-<timestamp>)")
     parser.add_argument(
         "--resume",
         action="store_true",
-        help="continue the interrupted run in --output from its last backup",
+        help="continue the interrupted run in --output (with its stored arguments)",
     )
     parser.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="replace a non-empty --output that is not a resumable run",
+        "--overwrite", action="store_true", help="replace a non-empty --output folder"
     )
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="default 0")
     parser.add_argument(
-        "--deterministic",
-        action="store_true",
-        help="deterministic ops (tf.config.experimental.enable_op_determinism)",
+        "--flip",
+        choices=("auto", "yes", "no"),
+        default="auto",
+        help="random horizontal flips (auto: not for digits)",
     )
     parser.add_argument(
-        "--save-every", type=int, default=20, help="back up the training state every N steps (20)"
+        "--crop-scale",
+        type=float,
+        default=None,
+        help="smallest area fraction of the random resized crop (default 0.85 for digits, "
+        "0.35 otherwise; 1 for none)",
     )
-    parser.add_argument("--tensorboard", action="store_true", help="write TensorBoard logs")
-    parser.add_argument("--max-steps", type=int, help=argparse_suppress())
+    parser.add_argument("--rand-augment", action="store_true", help="RandAugment")
+    parser.add_argument("--mixup", action="store_true", help="MixUp")
+    parser.add_argument("--cutmix", action="store_true", help="CutMix")
+    parser.add_argument(
+        "--backup-steps",
+        type=_positive_int,
+        default=20,
+        help="save a resumable backup every N steps (default 20)",
+    )
+    parser.add_argument("--jit-compile", action="store_true", help="XLA-compile the train step")
+    parser.add_argument("--tensorboard", action="store_true", help="TensorBoard logs in logs/")
+    parser.add_argument(
+        "--skip-corrupt", action="store_true", help="folder data: skip unreadable images"
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
-def argparse_suppress():
-    import argparse
-
-    return argparse.SUPPRESS
-
-
 def _check_args(args):
-    for name in ("image_size", "epochs", "batch_size", "save_every"):
+    for name in ("weight_decay", "label_smoothing", "clipnorm", "dropout", "warmup_epochs"):
         value = getattr(args, name)
-        if value <= 0:
-            raise UsageError(f"--{name.replace('_', '-')} must be positive. Received: {value}")
-    if args.lr <= 0:
-        raise UsageError(f"--lr must be positive. Received: {args.lr}")
-    if not 0 < args.crop_scale <= 1:
+        if value < 0:
+            raise UsageError(f"--{name.replace('_', '-')} must be >= 0. Received: {value}")
+    if not 0 <= args.label_smoothing < 1:
+        raise UsageError(f"--label-smoothing must be in [0, 1). Received: {args.label_smoothing}")
+    if args.crop_scale is not None and not 0 < args.crop_scale <= 1:
         raise UsageError(f"--crop-scale must be in (0, 1]. Received: {args.crop_scale}")
-    if args.mixup and args.cutmix:
-        raise UsageError("use --mixup or --cutmix, not both")
-    if args.weights and not os.path.exists(args.weights):
-        from keras_vit import weights as weights_module
+    if args.weights and not os.path.isfile(args.weights):
+        raise UsageError(f"--weights: no such file. Received: {args.weights!r}")
+    from keras_vit.models import VARIANTS
 
-        args.weights = weights_module.resolve(args.weights)
+    if args.model not in PRESETS and args.model not in VARIANTS:
+        raise UsageError(
+            f"--model must be one of {sorted(PRESETS) + sorted(VARIANTS)}. Received: {args.model!r}"
+        )
 
 
-def _prepare_output(args, chief):
-    """The folder to write and the global step to resume from."""
-    from keras_vit import training
-
+def _prepare_output(args):
+    """The output folder: new, resumed or (with --overwrite) replaced."""
+    if args.output is None:
+        if args.resume:
+            raise UsageError("--resume needs --output, the folder of the run to continue")
+        args.output = os.path.join("runs", time.strftime("vit-%Y%m%d-%H%M%S"))
     output = args.output
-    backup = os.path.join(output, "backup")
-    if not chief:
-        return tempfile.mkdtemp(prefix="keras_vit_worker_"), training.backup_step(backup)
+    run_file = os.path.join(output, RUN_FILE)
+    resumable = os.path.isfile(run_file)
     if args.resume:
-        step = training.backup_step(backup)
-        if step == 0 and os.path.isfile(os.path.join(output, "model.keras")):
-            raise UsageError(f"--output {output!r} holds a finished run; nothing to resume")
-        os.makedirs(output, exist_ok=True)
-        return output, step
+        if not resumable:
+            raise UsageError(f"--resume: {output!r} is not a training run (no {RUN_FILE})")
+        with open(run_file, encoding="utf-8") as file:
+            stored = json.load(file)
+        for name in STORED:
+            if name in stored["args"]:
+                setattr(args, name, stored["args"][name])
+        return stored.get("completed", False)
     if os.path.isdir(output) and os.listdir(output):
         if not args.overwrite:
-            hint = " or --resume" if training.backup_step(backup) else ""
+            hint = "pass --resume to continue it, " if resumable else ""
             raise UsageError(
-                f"--output {output!r} is not empty; pass --overwrite to replace it{hint}"
+                f"the output folder {output!r} is not empty; {hint}choose another --output, "
+                "or pass --overwrite to replace it"
             )
         shutil.rmtree(output)
+    elif os.path.exists(output) and not os.path.isdir(output):
+        raise UsageError(f"--output must be a folder. Received: {output!r} (a file)")
     os.makedirs(output, exist_ok=True)
-    return output, 0
+    _write_run_file(args, completed=False)
+    return False
 
 
-def build_model(name, image_size, num_classes, dropout=0.0, drop_path=0.0):
+def _write_run_file(args, completed, extra=None):
+    record = {"args": {name: getattr(args, name) for name in STORED}, "completed": completed}
+    record.update(extra or {})
+    path = os.path.join(args.output, RUN_FILE)
+    with open(path + ".tmp", "w", encoding="utf-8") as file:
+        json.dump(record, file, indent=2)
+    os.replace(path + ".tmp", path)
+
+
+def build_model(name, image_size, num_classes, num_channels=3, dropout=0.0):
     import keras_vit
 
-    common = dict(
+    if name in PRESETS:
+        return keras_vit.VisionTransformer(
+            image_size=image_size,
+            num_classes=num_classes,
+            num_channels=num_channels,
+            dropout_rate=dropout,
+            **PRESETS[name],
+        )
+    return getattr(keras_vit, name)(
         image_size=image_size,
         num_classes=num_classes,
+        num_channels=num_channels,
         dropout_rate=dropout,
-        drop_path_rate=drop_path,
     )
-    if name == "tiny":
-        return keras_vit.VisionTransformer(**TINY, name="vit_tiny", **common)
-    constructor = getattr(keras_vit, name, None)
-    if name not in keras_vit.VARIANTS or constructor is None:
-        raise UsageError(
-            f"--model must be 'tiny' or one of {sorted(keras_vit.VARIANTS)}. Received: {name!r}"
-        )
-    return constructor(**common)
 
 
-def load_pretrained(model, path):
-    """Loads a checkpoint into `model`; a head of another size stays freshly initialised."""
-    import keras
+def save_model_atomic(model, path):
+    """model.save to a temporary file beside `path`, then rename."""
+    temporary = path[: -len(".keras")] + ".tmp.keras"
+    model.save(temporary)
+    os.replace(temporary, path)
 
-    if path.endswith(".keras"):
-        source = keras.models.load_model(path, safe_mode=True, compile=False)
-    else:
-        from keras_vit.weights import load_weights
 
-        config = model.get_config()
-        try:
-            load_weights(model, path)
-            return
-        except ValueError:
-            pass
-        source = keras.Model.from_config(config)  # same architecture; loaded without the head
-        load_weights(source, path)
-    copied = 0
-    for layer in model.layers:
-        try:
-            other = source.get_layer(layer.name)
-        except ValueError:
-            continue
-        shapes = [tuple(weight.shape) for weight in layer.weights]
-        if shapes and shapes == [tuple(weight.shape) for weight in other.weights]:
-            layer.set_weights(other.get_weights())
-            copied += 1
-        elif layer.name != "head" and shapes:
-            raise ValueError(
-                f"--weights {path!r}: layer {layer.name!r} has shapes "
-                f"{[tuple(w.shape) for w in other.weights]}, the model needs {shapes}"
-            )
-    print(f"Loaded {copied} layers from {path}")
+def _history_from_csv(path):
+    import csv
+
+    if not os.path.isfile(path):
+        return {}
+    history, seen = {}, {}
+    with open(path, newline="", encoding="utf-8") as file:
+        rows = list(csv.DictReader(file))
+    for row in rows:  # a resumed epoch appears twice: keep the last row
+        seen[int(row["epoch"])] = row
+    for epoch in sorted(seen):
+        for key, value in seen[epoch].items():
+            try:
+                history.setdefault(key, []).append(float(value))
+            except (TypeError, ValueError):
+                history.setdefault(key, []).append(None)
+    return history
+
+
+def plot_curves(history, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    epochs = [int(e) + 1 for e in history.get("epoch", [])]
+    figure, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for axis, metric in zip(axes, ("loss", "accuracy")):
+        for key, label in ((metric, "train"), (f"val_{metric}", "validation")):
+            if key in history:
+                axis.plot(epochs, history[key], marker="o", markersize=3, label=label)
+        axis.set_xlabel("epoch")
+        axis.set_ylabel(metric)
+        axis.set_title(metric)
+        axis.grid(alpha=0.3)
+        axis.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
 
 
 def run(args):
     _check_args(args)
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    completed = _prepare_output(args)
+    if completed:
+        print(f"The run in {args.output} is already complete.")
+        return 0
+    return train(args)
+
+
+def train(args):
     import keras
     import tensorflow as tf
 
-    from keras_vit import data, training
+    from keras_vit import data as data_module
+    from keras_vit import training
 
-    if args.deterministic:
-        tf.config.experimental.enable_op_determinism()
+    output = args.output
+    strategy = training.get_strategy(args.strategy)  # first: MultiWorker needs it before ops
+    chief = training.is_chief()
+    work_dir = output if chief else os.path.join(output, f"worker-{_task_index()}")
+    os.makedirs(work_dir, exist_ok=True)
     keras.utils.set_random_seed(args.seed)
-    strategy = training.get_strategy(args.strategy)
-    chief = training.is_chief(strategy)
-    output, start_step = _prepare_output(args, chief)
+    training.set_mixed_precision(args.mixed_precision)
 
-    train_source, validation_source = data.load_data(
-        args.data, image_size=args.image_size, skip_corrupt=args.skip_corrupt
+    data = data_module.load(
+        args.data, image_size=args.image_size, seed=args.seed, skip_corrupt=args.skip_corrupt
     )
-    class_names = train_source.class_names
-    steps = data.steps_per_epoch(train_source, args.batch_size)
+    channels = data.train.element_spec[0].shape[-1]
+    steps = data_module.steps_per_epoch(data, args.batch_size)
     total_steps = steps * args.epochs
-    soft = bool(args.mixup or args.cutmix)
-    crop = None if args.crop_scale >= 1 else (args.crop_scale, 1.0)
+    lr = training.scaled_learning_rate(args.lr, args.batch_size)
 
-    def make_train(start, end):
-        if args.max_steps is not None:  # testing aid: stop early
-            end = min(end, max(start, args.max_steps))
-        return data.train_dataset(
-            train_source,
-            args.batch_size,
-            args.image_size,
-            epochs=args.epochs,
-            seed=args.seed,
-            start_step=start,
-            end_step=end,
-            crop_scale=crop,
-            flip=args.flip,
-            rand_augment=args.rand_augment,
-            mixup_alpha=args.mixup,
-            cutmix_alpha=args.cutmix,
-        )
-
-    validation = data.eval_dataset(
-        validation_source, args.batch_size, args.image_size, one_hot=soft
-    )
-    if args.mixed_precision:
-        keras.mixed_precision.set_global_policy(args.mixed_precision)
     with strategy.scope():
-        model = build_model(
-            args.model, args.image_size, len(class_names), args.dropout, args.drop_path
-        )
-        if args.weights and start_step == 0:
-            load_pretrained(model, args.weights)
-        learning_rate = training.scaled_learning_rate(args.lr, args.batch_size)
-        schedule = training.WarmupCosine(
-            learning_rate,
-            total_steps,
-            warmup_steps=min(total_steps, int(args.warmup_epochs * steps)),
-        )
-        optimizer = training.build_optimizer(
-            model, schedule, args.optimizer, args.weight_decay, clipnorm=args.clipnorm
-        )
+        model = build_model(args.model, args.image_size, data.num_classes, channels, args.dropout)
+        if args.weights:
+            _load_weights(model, args.weights)
         training.compile_model(
-            model, optimizer, args.label_smoothing, jit_compile=args.jit_compile, soft_labels=soft
+            model,
+            total_steps,
+            learning_rate=lr,
+            warmup_steps=int(args.warmup_epochs * steps),
+            optimizer=args.optimizer,
+            weight_decay=args.weight_decay,
+            label_smoothing=args.label_smoothing,
+            clipnorm=args.clipnorm,
+            jit_compile=args.jit_compile,
         )
-    callbacks = training.make_callbacks(
-        output, args.save_every, start_step, tensorboard=args.tensorboard
-    )
+        done = _restore(model, work_dir)
     print(
-        f"Training {model.name} ({model.count_params():,} parameters) on {args.data}: "
-        f"{len(train_source)} train / {len(validation_source)} validation images, "
-        f"{len(class_names)} classes, {args.epochs} epochs of {steps} steps, "
-        f"global batch {args.batch_size}, lr {learning_rate:.3g}, "
-        f"{strategy.num_replicas_in_sync} replica(s)"
-        + (f", resuming at step {start_step}" if start_step else "")
+        f"Training {args.model} ({model.count_params():,} parameters) on {args.data}: "
+        f"{data.train_size} train / {data.validation_size} validation images, "
+        f"{data.num_classes} classes, {args.epochs} epochs of {steps} steps, global batch "
+        f"{args.batch_size} on {strategy.num_replicas_in_sync} replica(s), peak lr {lr:.2e}"
+        + (f"; resuming at step {done}" if done else "")
     )
-    started = time.time()
-    training.fit_resumable(
-        model,
-        make_train,
-        validation,
-        args.epochs,
-        steps,
-        callbacks,
-        verbose=0 if args.quiet else 1,
-    )
-    elapsed = time.time() - started
-    if args.max_steps is not None and args.max_steps < total_steps:
-        _write_weights_summary(model, output)
-        return 0
-    _finish(model, output, class_names, validation, elapsed, chief)
+    validation = data_module.eval_pipeline(data, args.batch_size)
+    verbose = 0 if args.quiet else 1
+    epoch = done // steps
+    if done % steps and epoch < args.epochs:  # finish the interrupted epoch first
+        rest = steps - done % steps
+        _fit(model, data, args, work_dir, done, epoch, epoch + 1, rest, validation, verbose)
+        epoch += 1
+    if epoch < args.epochs:
+        skip = epoch * steps
+        _fit(model, data, args, work_dir, skip, epoch, args.epochs, steps, validation, verbose)
+
+    loss, accuracy = model.evaluate(validation, verbose=0)
+    model_path = os.path.join(work_dir, "model.keras")
+    save_model_atomic(model, model_path)
     if not chief:
-        shutil.rmtree(output, ignore_errors=True)
+        return 0
+    with open(os.path.join(output, "classes.json"), "w", encoding="utf-8") as file:
+        json.dump(data.class_names, file)
+    history = _history_from_csv(os.path.join(output, "history.csv"))
+    with open(os.path.join(output, "history.json"), "w", encoding="utf-8") as file:
+        json.dump(history, file, indent=1)
+    plot_curves(history, os.path.join(output, "curves.png"))
+    saved_model = os.path.join(output, "saved_model")
+    from keras_vit.export import export_saved_model
+
+    if os.path.exists(saved_model):
+        shutil.rmtree(saved_model)
+    export_saved_model(model, saved_model, class_names=data.class_names)
+    shutil.rmtree(os.path.join(output, "backup"), ignore_errors=True)
+    _write_run_file(
+        args, completed=True, extra={"val_loss": float(loss), "val_accuracy": float(accuracy)}
+    )
+    del tf
+    print(f"Final validation accuracy: {accuracy:.4f} (loss {loss:.4f})")
+    for name in ("model.keras", "saved_model", "best.keras", "classes.json"):
+        print(f"  {name:14s} {os.path.join(output, name)}")
+    for name in ("history.csv", "history.json", "curves.png"):
+        print(f"  {name:14s} {os.path.join(output, name)}")
     return 0
 
 
-def _write_weights_summary(model, output):
-    import numpy as np
+def _task_index():
+    task = json.loads(os.environ.get("TF_CONFIG", "{}") or "{}").get("task", {})
+    return f"{task.get('type', 'worker')}-{task.get('index', 0)}"
 
-    np.savez(os.path.join(output, "weights.npz"), *[w.numpy() for w in model.weights])
+
+def _load_weights(model, path):
+    if path.endswith(".keras"):
+        import keras
+
+        source = keras.models.load_model(path, safe_mode=True)
+        for layer in model.layers:
+            try:
+                other = source.get_layer(layer.name)
+            except ValueError:
+                continue
+            shapes = [tuple(w.shape) for w in other.weights]
+            if shapes == [tuple(w.shape) for w in layer.weights]:
+                layer.set_weights(other.get_weights())
+            else:
+                print(f"Not loaded (shapes differ): {layer.name}")
+        return
+    try:
+        from keras_vit.weights import load_weights
+    except ImportError:
+        from keras_vit.weights.loader import load_weights
+    load_weights(model, path)
 
 
-def _finish(model, output, class_names, validation, elapsed, chief):
+def _restore(model, work_dir):
+    """Loads the backup of an interrupted run, if any; returns the global step reached."""
+    path = os.path.join(work_dir, "backup", "latest.weights.h5")
+    if not os.path.isfile(path):
+        return 0
+    model.optimizer.build(model.trainable_variables)
+    model.load_weights(path)
+    return int(model.optimizer.iterations.numpy())
+
+
+def _fit(model, data, args, work_dir, skip, epoch, end_epoch, steps, validation, verbose):
+    from keras_vit import data as data_module
     from keras_vit import training
 
-    loss, accuracy = model.evaluate(validation, verbose=0)
-    training.save_model_atomically(model, os.path.join(output, "model.keras"))
-    _write_weights_summary(model, output)
-    training._write_json(os.path.join(output, "classes.json"), class_names)
-    history = _read_history(os.path.join(output, "history.csv"))
-    training._write_json(os.path.join(output, "history.json"), history)
-    _plot_curves(history, os.path.join(output, "curves.png"))
-    _export(model, os.path.join(output, "saved_model"), class_names)
-    shutil.rmtree(os.path.join(output, "backup"), ignore_errors=True)
-    summary = dict(val_loss=loss, val_accuracy=accuracy, seconds=round(elapsed, 1))
-    training._write_json(os.path.join(output, "summary.json"), summary)
-    if chief:
-        print(
-            f"Validation accuracy {accuracy:.4f}, loss {loss:.4f} after {elapsed:.0f} s. "
-            f"Wrote {output}/: model.keras, saved_model/, history.csv, history.json, "
-            "curves.png, classes.json"
-        )
-        sys.stdout.flush()
+    stream = data_module.train_pipeline(
+        data,
+        args.batch_size,
+        seed=args.seed,
+        skip_steps=skip,
+        flip={"yes": True, "no": False}.get(args.flip, args.data != data_module.DIGITS),
+        crop_scale=_crop(args),
+        rand_augment=args.rand_augment,
+        mixup=args.mixup,
+        cutmix=args.cutmix,
+    )
+    callbacks = training.build_callbacks(
+        work_dir,
+        backup_steps=args.backup_steps,
+        tensorboard=getattr(args, "tensorboard", False),
+        csv_append=skip > 0,
+    )
+    model.fit(
+        stream,
+        initial_epoch=epoch,
+        epochs=epoch + 1
+        if steps != data_module.steps_per_epoch(data, args.batch_size)
+        else args.epochs,
+        steps_per_epoch=steps,
+        validation_data=validation,
+        callbacks=callbacks,
+        verbose=verbose,
+    )
 
 
-def _export(model, path, class_names):
-    try:
-        from keras_vit.export import export_saved_model
-    except ImportError:  # export.py not available: Keras' own export
-        model.export(path)
-        return
-    export_saved_model(model, path, class_names=class_names, top_k=min(5, len(class_names)))
+def _crop(args):
+    from keras_vit import data as data_module
 
-
-def _read_history(path):
-    with open(path, newline="", encoding="utf-8") as file:
-        rows = list(csv.DictReader(file))
-    history = {}
-    for row in rows:
-        for key, value in row.items():
-            history.setdefault(key, []).append(float(value) if key != "epoch" else int(value))
-    return history
-
-
-def _plot_curves(history, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib import pyplot
-
-    figure, (loss_axes, accuracy_axes) = pyplot.subplots(1, 2, figsize=(10, 4))
-    epochs = [epoch + 1 for epoch in history.get("epoch", [])]
-    for key, axes in (("loss", loss_axes), ("accuracy", accuracy_axes)):
-        for prefix, label in (("", "train"), ("val_", "validation")):
-            if prefix + key in history:
-                axes.plot(epochs, history[prefix + key], label=label)
-        axes.set_xlabel("epoch")
-        axes.set_ylabel(key)
-        axes.legend()
-        axes.grid(alpha=0.3)
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    pyplot.close(figure)
-    json.dumps(history)  # history must be JSON-serialisable
+    scale = args.crop_scale
+    if scale is None:
+        scale = 0.85 if args.data == data_module.DIGITS else 0.35
+    return None if scale >= 1 else scale
