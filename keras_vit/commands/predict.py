@@ -1,0 +1,56 @@
+"""`keras-vit predict`: the top-k classes of images, with class names."""
+
+import os
+
+HELP = "Classify image files with a trained model; prints the top-k classes."
+
+
+def add_arguments(parser):
+    parser.add_argument("images", nargs="+", metavar="IMAGE", help="JPEG/PNG/... files")
+    parser.add_argument(
+        "--model", required=True, metavar="DIR_OR_FILE", help="training output folder or .keras"
+    )
+    parser.add_argument("--top-k", type=int, default=5)
+
+
+def predict_files(model, paths, class_names=None, top_k=5):
+    """[(path, [(class name, probability), ...])] for image files."""
+    import numpy as np
+    from PIL import Image
+
+    height, width, channels = model.inputs[0].shape[1:]
+    batch = []
+    for path in paths:
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"No such image file. Received: {path!r}")
+        try:
+            with Image.open(path) as image:
+                image = image.convert("RGB" if channels == 3 else "L")
+                image = image.resize((width, height), Image.BILINEAR)
+        except OSError as error:
+            raise ValueError(f"Cannot read the image {path}: {error}") from None
+        array = np.asarray(image, dtype="float32").reshape(height, width, channels)
+        batch.append(array / 127.5 - 1.0)
+    logits = np.asarray(model.predict(np.stack(batch), verbose=0), dtype="float64")
+    logits -= logits.max(axis=-1, keepdims=True)
+    probabilities = np.exp(logits) / np.exp(logits).sum(axis=-1, keepdims=True)
+    names = class_names or [str(i) for i in range(probabilities.shape[-1])]
+    results = []
+    for path, row in zip(paths, probabilities):
+        best = np.argsort(-row)[:top_k]
+        results.append((path, [(names[i], float(row[i])) for i in best]))
+    return results
+
+
+def run(args):
+    from keras_vit.export import load_trained
+
+    if args.top_k < 1:
+        raise ValueError(f"--top-k must be a positive integer. Received: {args.top_k}")
+    model, class_names = load_trained(args.model)
+    top_k = min(args.top_k, model.outputs[0].shape[-1])
+    for path, best in predict_files(model, args.images, class_names, top_k):
+        print(path)
+        for rank, (name, probability) in enumerate(best, 1):
+            print(f"  {rank}. {name:20s} {probability:.4f}")
+    return 0
