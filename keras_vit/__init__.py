@@ -29,6 +29,7 @@ from keras_vit.visualize import (
     plot_mean_attention_distance,
     plot_position_embedding_similarity,
 )
+from keras_vit.weights import load_weights, resize_position_embedding
 
 __version__ = "0.1.0"
 
@@ -51,10 +52,12 @@ __all__ = [
     "export_tflite",
     "feature_extractor",
     "layers",
+    "load_weights",
     "mean_attention_distance",
     "plot_attention",
     "plot_mean_attention_distance",
     "plot_position_embedding_similarity",
     "position_embedding_similarity",
     "preprocess_inputs",
+    "resize_position_embedding",
 ]
