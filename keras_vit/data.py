@@ -80,8 +80,7 @@ def from_arrays(x_train, y_train, x_val, y_val, class_names=None):
     for name, x in (("x_train", arrays[0]), ("x_test", arrays[2])):
         if x.ndim not in (3, 4):
             raise ValueError(
-                f"`{name}` must be images (N, height, width[, channels]). "
-                f"Received: shape {x.shape}"
+                f"`{name}` must be images (N, height, width[, channels]). Received: shape {x.shape}"
             )
     x_train, x_val = (x[..., None] if x.ndim == 3 else x for x in (arrays[0], arrays[2]))
     y_train, y_val = (y.reshape(-1).astype("int32") for y in (arrays[1], arrays[3]))
@@ -195,32 +194,34 @@ def _from_tfds(name, image_size, data_dir=None):
     import tensorflow_datasets as tfds
 
     tf = _tf()
-    builder = tfds.builder(name, data_dir=data_dir)
-    splits = builder.info.splits
-    validation = next((s for s in ("validation", "test") if s in splits), None)
-    if "train" not in splits or validation is None:
+    read = dict(data_dir=data_dir, shuffle_files=False, as_supervised=True)
+    train, info = tfds.load(name, split="train", with_info=True, **read)
+    val = None
+    for split in ("validation", "test"):
+        try:
+            val = tfds.load(name, split=split, **read)
+            break
+        except (ValueError, KeyError):
+            continue
+    if val is None:
         raise ValueError(
-            f"tfds:{name} must have a 'train' split and a 'validation' or 'test' split. "
-            f"Received: splits {sorted(splits)}"
+            f"tfds:{name} must have a 'train' split and a 'validation' or 'test' split."
         )
-    builder.download_and_prepare()
-    label = builder.info.features["label"]
-    class_names = list(label.names)
+    class_names = list(info.features["label"].names)
 
     def resize(image, label):
         if image.shape[-1] == 1:
             image = tf.image.grayscale_to_rgb(image)
         image = tf.image.resize(image, (image_size, image_size), antialias=True)
-        return tf.cast(tf.clip_by_value(tf.round(image), 0, 255), tf.uint8), tf.cast(
-            label, tf.int32
-        )
+        image = tf.cast(tf.clip_by_value(tf.round(image), 0, 255), tf.uint8)
+        return image, tf.cast(label, tf.int32)
 
-    read = dict(shuffle_files=False, as_supervised=True)
-    train = builder.as_dataset(split="train", **read).map(resize)
-    val = builder.as_dataset(split=validation, **read).map(resize)
-    return Data(
-        train, val, class_names, splits["train"].num_examples, splits[validation].num_examples
-    )
+    def size(dataset):
+        count = int(dataset.cardinality())
+        return count if count >= 0 else int(dataset.reduce(0, lambda n, _: n + 1))
+
+    train, val = train.map(resize), val.map(resize)
+    return Data(train, val, class_names, size(train), size(val))
 
 
 def load(spec=DIGITS, image_size=32, seed=0, validation_fraction=0.2, skip_corrupt=False):

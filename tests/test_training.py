@@ -1,0 +1,99 @@
+"""The training recipe: schedule, optimizer, weight-decay exclusions, strategies."""
+
+import math
+
+import keras
+import numpy as np
+import pytest
+
+from keras_vit import training
+
+pytestmark = pytest.mark.tensorflow_only
+
+
+def test_warmup_cosine_matches_formula():
+    schedule = training.WarmupCosine(peak=1e-3, total_steps=100, warmup_steps=10, end=1e-5)
+    for step in (0, 5, 10, 40, 99, 100, 150):
+        if step < 10:
+            expected = 1e-3 * step / 10
+        else:
+            progress = min((step - 10) / 90, 1.0)
+            expected = 1e-5 + 0.5 * (1e-3 - 1e-5) * (1 + math.cos(math.pi * progress))
+        assert float(schedule(step)) == pytest.approx(expected, rel=1e-5, abs=1e-9)
+
+
+def test_warmup_cosine_serializes():
+    schedule = training.WarmupCosine(2e-3, 50, 5)
+    restored = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(schedule))
+    assert isinstance(restored, training.WarmupCosine)
+    assert restored.get_config() == schedule.get_config()
+
+
+def test_warmup_cosine_rejects_bad_steps():
+    with pytest.raises(ValueError, match="warmup_steps"):
+        training.WarmupCosine(1e-3, total_steps=10, warmup_steps=20)
+
+
+def test_weight_decay_skips_norms_biases_embeddings(tiny_config):
+    import keras_vit
+
+    model = keras_vit.VisionTransformer(**tiny_config)
+    optimizer = training.build_optimizer("adamw", 1e-3, weight_decay=0.1)
+    optimizer.build(model.trainable_variables)
+    decayed = {v.path for v in model.trainable_variables if optimizer._use_weight_decay(v)}
+    skipped = {v.path for v in model.trainable_variables} - decayed
+    assert any("class_token" in p for p in skipped)
+    assert any("position_embedding" in p for p in skipped)
+    assert all(not p.endswith("kernel") for p in skipped)
+    assert all(p.endswith("kernel") for p in decayed), sorted(decayed)
+    assert any("qkv" in p for p in decayed) and any("patch_encoder" in p for p in decayed)
+
+
+def test_weight_decay_changes_kernels_only():
+    """One step with zero gradients: only decayed variables move."""
+    kernel = keras.Variable(np.ones((2, 2), "float32"), name="kernel")
+    bias = keras.Variable(np.ones((2,), "float32"), name="bias")
+    optimizer = training.build_optimizer("adamw", 0.1, weight_decay=0.5, clipnorm=None)
+    optimizer.apply_gradients(
+        [(np.zeros((2, 2), "float32"), kernel), (np.zeros(2, "float32"), bias)]
+    )
+    np.testing.assert_allclose(kernel.numpy(), 1 - 0.1 * 0.5, rtol=1e-6)
+    np.testing.assert_allclose(bias.numpy(), 1.0)
+
+
+def test_optimizer_sgd_and_errors():
+    optimizer = training.build_optimizer("sgd", 0.1, weight_decay=0.0)
+    assert isinstance(optimizer, keras.optimizers.SGD) and optimizer.momentum == 0.9
+    with pytest.raises(ValueError, match="optimizer"):
+        training.build_optimizer("adam", 0.1)
+
+
+def test_label_smoothing_loss():
+    loss = training.build_loss(0.1)
+    logits = np.array([[2.0, 0.0, -1.0]], "float32")
+    target = np.array([[0.0, 1.0, 0.0]], "float32")
+    smoothed = target * 0.9 + 0.1 / 3
+    log_softmax = logits - np.log(np.exp(logits).sum())
+    assert float(loss(target, logits)) == pytest.approx(-(smoothed * log_softmax).sum(), rel=1e-5)
+
+
+def test_scaled_learning_rate():
+    assert training.scaled_learning_rate(4e-3, 64) == pytest.approx(1e-3)
+
+
+def test_strategy_names(monkeypatch):
+    import tensorflow as tf
+
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    assert training.get_strategy("default") is tf.distribute.get_strategy()
+    assert training.get_strategy("auto").num_replicas_in_sync == 1
+    with pytest.raises(ValueError, match="strategy"):
+        training.get_strategy("horovod")
+
+
+def test_is_chief(monkeypatch):
+    cluster = '{"cluster": {"worker": ["a:1", "b:2"]}, "task": {"type": "worker", "index": %d}}'
+    monkeypatch.setenv("TF_CONFIG", cluster % 0)
+    assert training.is_chief() and training._tf_config_workers() == 2
+    monkeypatch.setenv("TF_CONFIG", cluster % 1)
+    assert not training.is_chief()
