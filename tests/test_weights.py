@@ -637,3 +637,12 @@ def test_vit_b16_round_trips_a_full_size_original_npz(tmp_path):
     assert max_diff(predict(fresh, images), np_original_forward(params, images)) <= TOLERANCE
     at_384 = keras_vit.ViT_B16(image_size=384, num_classes=10, weights=path)
     assert at_384.get_layer("patch_encoder").position_embedding.shape == (1, 577, 768)
+
+
+def test_docstring_examples_run():
+    import doctest
+
+    from keras_vit.weights import resize
+
+    result = doctest.testmod(resize)
+    assert result.attempted >= 2 and result.failed == 0
