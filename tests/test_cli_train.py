@@ -1,0 +1,133 @@
+"""`keras-vit train / evaluate / predict` end to end, in subprocesses."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.tensorflow_only
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = ["--model", "vit-test", "--image-size", "16", "--batch-size", "16", "--quiet"]
+
+
+def _env(**extra):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND="tensorflow")
+    env.update(TF_DETERMINISTIC_OPS="1", TF_ENABLE_ONEDNN_OPTS="0", PYTHONPATH=ROOT)
+    env.pop("KERAS_VIT_KILL_AT_STEP", None)
+    env.update(extra)
+    return env
+
+
+def _cli(*args, timeout=240, **env):
+    return subprocess.run(
+        [sys.executable, "-m", "keras_vit", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=_env(**env),
+        cwd=ROOT,
+    )
+
+
+@pytest.fixture
+def npz(tmp_path):
+    rng = np.random.default_rng(0)
+    y = np.arange(96) % 3
+    x = (rng.integers(0, 60, size=(96, 16, 16, 3)) + y[:, None, None, None] * 90).astype("uint8")
+    path = tmp_path / "tiny.npz"
+    np.savez(path, x_train=x, y_train=y, x_test=x[:24], y_test=y[:24])
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--epochs", "0"], "--epochs"),
+        (["--strategy", "horovod"], "--strategy"),
+        (["--model", "ViT_Q99"], "--model"),
+        (["--data", "/no/such/folder"], "data="),
+        (["--weights", "/no/such.npz"], "--weights"),
+        (["--resume"], "--resume"),
+    ],
+)
+def test_bad_arguments_exit_2_without_traceback(args, message, tmp_path):
+    result = _cli("train", "--output", str(tmp_path / "out"), *args, timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert "usage:" in result.stderr and message in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_refuses_non_empty_output(tmp_path):
+    (tmp_path / "keep.txt").write_text("precious")
+    result = _cli("train", "--output", str(tmp_path), timeout=120)
+    assert result.returncode == 2 and "--overwrite" in result.stderr
+    assert (tmp_path / "keep.txt").read_text() == "precious"
+
+
+def _weights(folder):
+    import keras
+
+    import keras_vit  # noqa: F401
+
+    model = keras.models.load_model(os.path.join(folder, "model.keras"))
+    return [w.numpy() for w in model.weights]
+
+
+def test_sigkill_mid_epoch_then_resume_matches_uninterrupted(npz, tmp_path):
+    """6 steps per epoch, 2 epochs; backups every 4 steps; killed after step 9 (epoch 2)."""
+    common = ["train", "--data", npz, *TINY, "--epochs", "2", "--backup-steps", "4"]
+    straight, killed = str(tmp_path / "straight"), str(tmp_path / "killed")
+    result = _cli(*common, "--output", straight)
+    assert result.returncode == 0, result.stderr[-2000:]
+    result = _cli(*common, "--output", killed, KERAS_VIT_KILL_AT_STEP="9")
+    assert result.returncode == -9, result.stderr[-2000:]
+    with open(os.path.join(killed, "backup", "training_metadata.json")) as file:
+        assert json.load(file)["epoch"] == 1  # the backup is mid-epoch 2
+    assert not os.path.exists(os.path.join(killed, "model.keras"))
+    refused = _cli(*common, "--output", killed)
+    assert refused.returncode == 2 and "--resume" in refused.stderr
+    result = _cli("train", "--output", killed, "--resume", "--quiet")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "resuming at step 8" in result.stdout
+    for a, b in zip(_weights(straight), _weights(killed), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    with open(os.path.join(killed, "history.json")) as file:
+        assert len(json.load(file)["loss"]) == 2
+
+
+def test_train_writes_outputs_then_evaluate_and_predict(npz, tmp_path):
+    from PIL import Image
+
+    out = str(tmp_path / "run")
+    result = _cli("train", "--data", npz, *TINY, "--epochs", "1", "--output", out)
+    assert result.returncode == 0, result.stderr[-2000:]
+    for name in ("model.keras", "saved_model", "history.csv", "history.json", "curves.png"):
+        assert os.path.exists(os.path.join(out, name)), name
+    with open(os.path.join(out, "classes.json")) as file:
+        assert json.load(file) == ["0", "1", "2"]
+    assert "Final validation accuracy" in result.stdout
+    result = _cli("evaluate", "--model", out, "--data", npz)
+    assert result.returncode == 0 and "accuracy" in result.stdout, result.stderr[-2000:]
+    image = tmp_path / "x.png"
+    Image.fromarray(np.full((16, 16, 3), 200, np.uint8)).save(image)
+    result = _cli("predict", str(image), "--model", out, "--top-k", "2")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "1. " in result.stdout and "2. " in result.stdout and "3. " not in result.stdout
+
+
+@pytest.mark.slow
+def test_main_job_digits_reaches_95_percent(tmp_path):
+    out = str(tmp_path / "digits")
+    start = time.time()
+    result = _cli("train", "--output", out, "--quiet", timeout=900)
+    elapsed = time.time() - start
+    assert result.returncode == 0, result.stderr[-3000:]
+    with open(os.path.join(out, "run.json")) as file:
+        accuracy = json.load(file)["val_accuracy"]
+    print(f"digits main job: val_accuracy {accuracy:.4f} in {elapsed:.0f} s")
+    assert accuracy >= 0.95
