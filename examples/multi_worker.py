@@ -29,5 +29,5 @@ if __name__ == "__main__":
     for index in range(2):
         config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
         env = dict(__import__("os").environ, TF_CONFIG=json.dumps(config))
-        processes.append(subprocess.Popen(command + (["--overwrite"] if index else []), env=env))
+        processes.append(subprocess.Popen(command, env=env))
     sys.exit(max(p.wait() for p in processes))

@@ -288,7 +288,14 @@ def plot_curves(history, path):
 
 
 def run(args):
+    from keras_vit.training import is_chief
+
     _check_args(args)
+    if not is_chief():  # the chief owns the output folder; others write worker-*/ in it
+        if args.output is None:
+            raise UsageError("multi-worker training needs the same --output on every worker")
+        os.makedirs(args.output, exist_ok=True)
+        return train(args)
     completed = _prepare_output(args)
     if completed:
         print(f"The run in {args.output} is already complete.")
