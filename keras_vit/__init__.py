@@ -1,7 +1,9 @@
 """keras_vit: Vision Transformers for Keras 3."""
 
-from keras_vit import layers
-from keras_vit import training  # noqa: F401  (registers WarmupCosine for model.keras)
+from keras_vit import (
+    layers,
+    training,  # noqa: F401  (registers WarmupCosine for model.keras)
+)
 from keras_vit.export import export_saved_model, export_tflite
 from keras_vit.inspection import (
     attention_maps,

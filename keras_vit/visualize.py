@@ -15,9 +15,7 @@ def _pyplot():
         matplotlib.use("Agg", force=False)
         import matplotlib.pyplot as plt
     except ImportError as error:  # pragma: no cover - depends on the install
-        raise ImportError(
-            "The plots need matplotlib: pip install matplotlib"
-        ) from error
+        raise ImportError("The plots need matplotlib: pip install matplotlib") from error
     return plt
 
 
