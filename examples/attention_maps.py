@@ -65,7 +65,7 @@ def main():
     keras_vit.plot_mean_attention_distance(
         model, inputs, maps=maps, path=f"{args.output}/attention_distance.png"
     )
-    features = keras_vit.feature_extractor(model, layers=[-1], patch_grid=True)(inputs)[0]
+    features = keras_vit.feature_extractor(model, layers=-1, patch_grid=True)(inputs)
     print(f"patch-token grid of the last block: {tuple(features.shape)}")
     print(f"wrote the plots to {args.output}/")
 

@@ -41,6 +41,11 @@ def patch_encoder(model):
     return encoders[0]
 
 
+def _model_input(model):
+    """The model's input tensor (a list only for a multi-input model)."""
+    return model.inputs[0] if len(model.inputs) == 1 else model.inputs
+
+
 def _check_images(model, images):
     images = np.asarray(images) if not hasattr(images, "shape") else images
     expected = tuple(model.input_shape[1:])
@@ -74,12 +79,16 @@ def attention_maps(model, images, batch_size=32):
     >>> import numpy as np, keras_vit
     >>> model = keras_vit.VisionTransformer(image_size=32, patch_size=8,
     ...     num_layers=2, num_heads=2, hidden_dim=16, mlp_dim=32, num_classes=3)
-    >>> [m.shape for m in attention_maps(model, np.zeros((1, 32, 32, 3)))]
+    >>> [m.shape for m in keras_vit.attention_maps(model, np.zeros((1, 32, 32, 3)))]
     [(1, 2, 17, 17), (1, 2, 17, 17)]
     """
     blocks = transformer_blocks(model)
     images = _check_images(model, images)
-    block_inputs = keras.Model(model.inputs, [block.input for block in blocks])
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(
+            f"`batch_size` must be a positive integer. Received: batch_size={batch_size!r}"
+        )
+    block_inputs = keras.Model(_model_input(model), [block.input for block in blocks])
     per_batch = []
     for start in range(0, images.shape[0], batch_size):
         tokens = block_inputs(images[start : start + batch_size], training=False)
@@ -94,45 +103,67 @@ def attention_maps(model, images, batch_size=32):
 
 
 def _grid_and_prefix(num_tokens, grid_size):
+    if isinstance(grid_size, keras.Model):
+        grid_size = patch_encoder(grid_size).grid_size
     if grid_size is not None:
-        grid_size = tuple(int(g) for g in grid_size)
-        prefix = num_tokens - grid_size[0] * grid_size[1]
-        if prefix < 0:
+        try:
+            grid_h, grid_w = (int(g) for g in grid_size)
+        except (TypeError, ValueError):
             raise ValueError(
-                f"`grid_size` {grid_size} has more patches than the maps have tokens "
-                f"({num_tokens})."
+                "`grid_size` must be (height, width) of the patch grid or a keras_vit model. "
+                f"Received: grid_size={grid_size!r}"
+            ) from None
+        prefix = num_tokens - grid_h * grid_w
+        if grid_h < 1 or grid_w < 1 or prefix not in (0, 1):
+            raise ValueError(
+                f"`grid_size` {(grid_h, grid_w)} does not fit maps of {num_tokens} tokens "
+                "(expected h * w patches, plus 1 for a class token). "
+                f"Received: grid_size={grid_size!r}"
             )
-        return grid_size, prefix
+        return (grid_h, grid_w), prefix
     for prefix in (0, 1):
         side = math.isqrt(num_tokens - prefix)
         if side * side == num_tokens - prefix:
             return (side, side), prefix
     raise ValueError(
-        f"Cannot infer a square patch grid from {num_tokens} tokens; pass `grid_size`."
+        f"Cannot infer a square patch grid from maps of {num_tokens} tokens; pass "
+        "`grid_size=(h, w)` or `grid_size=model`. Received: grid_size=None"
     )
 
 
 def attention_rollout(maps, discard_ratio=0.0, head_fusion="mean", grid_size=None):
     """Attention rollout (Abnar & Zuidema, 2020) through all the layers.
 
-    Per layer the heads are fused (mean, max or min), optionally the lowest
-    `discard_ratio` of the weights are set to zero (never a token's attention
-    to itself), the identity is added for the residual connection, each row
-    is renormalised to sum to 1, and the layers are multiplied through from
-    the first to the last.
+    Per layer: the heads are fused (mean, max or min); optionally the lowest
+    `discard_ratio` of the fused weights of each image are set to zero,
+    except the class token's attention to itself (as in the widely used
+    vit-explain implementation, so that the class token row never goes
+    empty); the identity is added for the residual connection; each row is
+    renormalised to sum to 1 (the paper's 0.5 * A + 0.5 * I when no weight
+    was discarded). The layers are then multiplied through, first to last:
+    rollout = A_L @ ... @ A_1.
 
     Args:
         maps: the per-layer (batch, heads, tokens, tokens) attention weights
             of `attention_maps`.
         discard_ratio: fraction in [0, 1) of the weights of each map to drop.
         head_fusion: "mean", "max" or "min" over the heads.
-        grid_size: (h, w) of the patch grid; inferred from the token count
-            when the grid is square.
+        grid_size: (h, w) of the patch grid, or the keras_vit model the maps
+            come from; None infers a square grid from the token count (a
+            class token is assumed when the count is a square plus one).
+            Pass it for non-square grids.
 
     Returns:
-        A (batch, h, w) float32 array: for models with a class token, how much
-        the class token draws on each patch; for gap models, the mean over
-        all tokens.
+        A (batch, h, w) float32 array, not rescaled: for models with a class
+        token, the class token's row of the rollout over the patches; for gap
+        models, the mean of all rows. Each row of the rollout sums to 1, so
+        the values of one map sum to at most 1.
+
+    Example:
+    >>> import numpy as np, keras_vit
+    >>> uniform = np.full((1, 2, 17, 17), 1 / 17)
+    >>> keras_vit.attention_rollout([uniform, uniform]).shape
+    (1, 4, 4)
     """
     if isinstance(head_fusion, str) and head_fusion in HEAD_FUSIONS:
         fuse = getattr(np, head_fusion)
@@ -140,14 +171,23 @@ def attention_rollout(maps, discard_ratio=0.0, head_fusion="mean", grid_size=Non
         raise ValueError(
             f"`head_fusion` must be one of {HEAD_FUSIONS}. Received: head_fusion={head_fusion!r}"
         )
+    if isinstance(discard_ratio, bool) or not isinstance(discard_ratio, (int, float, np.number)):
+        raise ValueError(
+            f"`discard_ratio` must be a number in [0, 1). Received: discard_ratio={discard_ratio!r}"
+        )
     if not 0.0 <= discard_ratio < 1.0:
         raise ValueError(
             f"`discard_ratio` must be in [0, 1). Received: discard_ratio={discard_ratio}"
         )
     maps = [np.asarray(m, dtype="float64") for m in maps]
-    if not maps or any(m.ndim != 4 or m.shape[-1] != m.shape[-2] for m in maps):
+    if (
+        not maps
+        or any(m.ndim != 4 or m.shape[-1] != m.shape[-2] for m in maps)
+        or any(m.shape[0] != maps[0].shape[0] or m.shape[-1] != maps[0].shape[-1] for m in maps)
+    ):
         raise ValueError(
-            "`maps` must be a non-empty list of (batch, heads, tokens, tokens) arrays. "
+            "`maps` must be a non-empty list of (batch, heads, tokens, tokens) arrays, "
+            "the same batch and tokens in every layer. "
             f"Received shapes: {[np.shape(m) for m in maps]}"
         )
     batch, _, num_tokens, _ = maps[0].shape
@@ -159,10 +199,10 @@ def attention_rollout(maps, discard_ratio=0.0, head_fusion="mean", grid_size=Non
         if discard_ratio > 0:
             flat = fused.reshape(batch, -1).copy()
             count = int(flat.shape[1] * discard_ratio)
-            lowest = np.argsort(flat, axis=1)[:, :count]
-            keep_diagonal = (lowest % (num_tokens + 1)) == 0
+            lowest = np.argsort(flat, axis=1, kind="stable")[:, :count]
             for b in range(batch):
-                flat[b, lowest[b][~keep_diagonal[b]]] = 0.0
+                # Flat index 0 is the class token's attention to itself: kept.
+                flat[b, lowest[b][lowest[b] != 0] if prefix else lowest[b]] = 0.0
             fused = flat.reshape(fused.shape)
         attention = fused + identity
         attention = attention / attention.sum(axis=-1, keepdims=True)
@@ -206,8 +246,17 @@ def feature_extractor(model, layers=None, patch_grid=False, name=None):
         name: name of the new model.
 
     Returns:
-        A functional `keras.Model` with one output per chosen block (a single
-        output when `layers` is one int or name).
+        A functional `keras.Model` with one output per chosen block, in the
+        order given. With one block (an int, a name, or a list of one) it
+        returns a single tensor: Keras unwraps one-output lists.
+
+    Example:
+    >>> import numpy as np, keras_vit
+    >>> model = keras_vit.VisionTransformer(image_size=32, patch_size=8,
+    ...     num_layers=2, num_heads=2, hidden_dim=16, mlp_dim=32, num_classes=3)
+    >>> extractor = keras_vit.feature_extractor(model, layers=-1, patch_grid=True)
+    >>> tuple(extractor(np.zeros((1, 32, 32, 3), "float32")).shape)
+    (1, 4, 4, 16)
     """
     blocks = transformer_blocks(model)
     single = layers is not None and not isinstance(layers, (list, tuple))
@@ -215,13 +264,17 @@ def feature_extractor(model, layers=None, patch_grid=False, name=None):
     indices = [_block_index(blocks, layer) for layer in chosen]
     if not indices:
         raise ValueError("`layers` must name at least one block. Received: layers=[]")
+    if len(set(indices)) != len(indices):
+        raise ValueError(f"`layers` names a block twice. Received: layers={layers!r}")
     outputs = [blocks[i].output for i in indices]
     if patch_grid:
         encoder = patch_encoder(model)
         grid = PatchGrid(encoder.grid_size, encoder.num_prefix_tokens, name=None)
         outputs = [grid(x) for x in outputs]
     return keras.Model(
-        model.inputs, outputs[0] if single else outputs, name=name or f"{model.name}_features"
+        _model_input(model),
+        outputs[0] if single else outputs,
+        name=name or f"{model.name}_features",
     )
 
 
@@ -229,8 +282,18 @@ def mean_attention_distance(model, images, maps=None):
     """Mean attention distance in pixels, per layer and head (ViT paper, Fig. 7).
 
     For each patch query, the attention-weighted mean of its distance to
-    every patch key (patch centres, in pixels of the input image; weights
-    renormalised over the patch keys), averaged over queries and images.
+    every patch key, averaged over the queries and the images. Distances are
+    between patch centres, in pixels of the input image (one grid step is the
+    patch size; for hybrids, the stem's stride). The class token is left out
+    as query and as key, and each query's weights are renormalised over the
+    patch keys (implementations that do not renormalise count the attention
+    to the class token as distance 0 and so report slightly less).
+
+    Args:
+        model: a ViT built by keras_vit.
+        images: (batch, height, width, channels) images in [-1, 1]; unused
+            when `maps` is given.
+        maps: the `attention_maps` of `model` for the images, to reuse.
 
     Returns:
         A (layers, heads) float32 array.
@@ -240,6 +303,13 @@ def mean_attention_distance(model, images, maps=None):
     if maps is None:
         maps = attention_maps(model, images)
     prefix = encoder.num_prefix_tokens
+    num_tokens = prefix + grid_h * grid_w
+    shapes = [np.shape(m) for m in maps]
+    if not shapes or any(len(s) != 4 or s[-2:] != (num_tokens, num_tokens) for s in shapes):
+        raise ValueError(
+            f"`maps` must be (batch, heads, {num_tokens}, {num_tokens}) arrays for this model. "
+            f"Received shapes: {shapes}"
+        )
     # Pixel size of one patch step on the input image (hybrids: the stem's stride).
     pixels_h = model.input_shape[1] / grid_h
     pixels_w = model.input_shape[2] / grid_w
@@ -256,6 +326,11 @@ def mean_attention_distance(model, images, maps=None):
 
 def position_embedding_similarity(model):
     """Cosine similarity of each patch position's embedding with all others.
+
+    The class token's embedding is left out (ViT paper, Figure 7 centre).
+
+    Args:
+        model: a ViT built by keras_vit.
 
     Returns:
         A (h, w, h, w) float32 array: [i, j] is the similarity map of the

@@ -1,11 +1,8 @@
 """Attention maps, rollout, feature extraction and plots, checked against an
 independent NumPy forward pass of a tiny ViT."""
 
-import json
 import math
 import os
-import subprocess
-import sys
 
 import keras
 import numpy as np
@@ -26,7 +23,11 @@ def np_gelu(x):
 
 
 def np_forward(model, images):
-    """Token outputs and attention weights of each block, in NumPy alone."""
+    """Token outputs and attention weights of each block, in NumPy alone.
+
+    `images` are the inputs of the patch encoder: the images themselves, or
+    for a hybrid the stem's feature map.
+    """
     weights = {v.path: keras.ops.convert_to_numpy(v).astype("float64") for v in model.weights}
 
     def get(suffix):
@@ -121,7 +122,11 @@ def test_rollout_of_identity_attention_is_uniform():
     with_class = np.broadcast_to(np.eye(17), (1, 3, 17, 17))
     rollout = keras_vit.attention_rollout([with_class] * 2)
     assert rollout.shape == (1, 4, 4)
-    np.testing.assert_allclose(rollout, rollout.flat[0])
+    np.testing.assert_allclose(rollout, 0.0)  # the class token keeps to itself
+    uniform = np.full((1, 3, 17, 17), 1 / 17)
+    rollout = keras_vit.attention_rollout([uniform] * 3)
+    # Class row of ((U + I) / 2)^3: weight on any one patch is (1 - 0.5^3) / 17.
+    np.testing.assert_allclose(rollout, (1 - 0.5**3) / 17, rtol=1e-6)
 
 
 def test_rollout_follows_attention_to_one_patch():
@@ -177,73 +182,131 @@ def test_mean_attention_distance_of_local_and_uniform_attention(tiny_config, ima
     )
 
 
-def test_position_similarity_diagonal_and_plots(tmp_path, tiny_config, images):
-    from PIL import Image
+def test_mean_attention_distance_when_all_attend_to_the_first_patch(tiny_config):
+    model = perturbed_model(tiny_config)  # with a class token, which is left out
+    maps = np.zeros((1, 2, 17, 17))
+    maps[..., 0] = 0.5  # the class token takes half; renormalised away
+    maps[..., 1] = 0.5  # patch (0, 0)
+    rows, cols = np.divmod(np.arange(16), 4)
+    expected = np.mean(np.hypot(rows * 8.0, cols * 8.0))
+    got = keras_vit.mean_attention_distance(model, None, maps=[maps, maps])
+    assert got.shape == (2, 2)
+    np.testing.assert_allclose(got, expected, rtol=1e-6)
+    with pytest.raises(ValueError, match="17, 17"):
+        keras_vit.mean_attention_distance(model, None, maps=[maps[..., :16, :16]])
+
+
+def torch_rollout(maps, discard_ratio, head_fusion):
+    """The vit-explain rollout (jacobgil/vit-explain, vit_rollout.py), per image."""
+    torch = pytest.importorskip("torch")
+    results = []
+    for b in range(maps[0].shape[0]):
+        with torch.no_grad():
+            result = torch.eye(maps[0].shape[-1], dtype=torch.float64)
+            for attention in maps:
+                attention = torch.tensor(attention[b : b + 1])
+                fused = getattr(attention, head_fusion)(axis=1)
+                fused = fused if head_fusion == "mean" else fused.values
+                flat = fused.view(fused.size(0), -1)
+                _, indices = flat.topk(int(flat.size(-1) * discard_ratio), -1, False)
+                indices = indices[indices != 0]
+                flat[0, indices] = 0
+                identity = torch.eye(fused.size(-1), dtype=torch.float64)
+                a = (fused + identity) / 2
+                a = a / a.sum(dim=-1)[..., None]  # vit-explain divides by sum(dim=-1) too
+                result = torch.matmul(a, result)
+        results.append(result[0, 0, 1:].numpy())
+    return np.stack(results)
+
+
+@pytest.mark.parametrize(
+    "discard_ratio, head_fusion", [(0.0, "mean"), (0.6, "max"), (0.9, "min"), (0.3, "mean")]
+)
+def test_rollout_equals_the_vit_explain_reference(tiny_config, images, discard_ratio, head_fusion):
+    model = perturbed_model(tiny_config)
+    maps = keras_vit.attention_maps(model, images)
+    expected = torch_rollout(maps, discard_ratio, head_fusion)
+    got = keras_vit.attention_rollout(maps, discard_ratio=discard_ratio, head_fusion=head_fusion)
+    np.testing.assert_allclose(got.reshape(2, 16), expected, rtol=1e-5, atol=1e-7)
+
+
+def test_rollout_discard_keeps_the_class_token_self_attention():
+    # The class token's attention to itself is the lowest weight of the map, [1, 1] the next.
+    attention = np.full((1, 1, 5, 5), 0.2)
+    attention[0, 0, 0] = [0.05, 0.35, 0.2, 0.2, 0.2]
+    attention[0, 0, 1] = [0.2, 0.06, 0.24, 0.25, 0.25]
+    # discard_ratio 0.08 of 25 weights: the two lowest, of which [0, 0] is kept.
+    got = keras_vit.attention_rollout([attention], discard_ratio=0.08, grid_size=(2, 2))
+    row = np.array([0.05 + 1.0, 0.35, 0.2, 0.2, 0.2])  # + identity, [0, 0] not dropped
+    np.testing.assert_allclose(got.ravel(), row[1:] / row.sum(), rtol=1e-6)
+    np.testing.assert_allclose(got.ravel(), torch_rollout([attention], 0.08, "mean")[0], rtol=1e-6)
+
+
+def test_rollout_of_non_square_grids(tiny_config):
+    model = perturbed_model(tiny_config, image_size=(32, 48), pooling="gap")
+    inputs = RNG.uniform(-1, 1, (1, 32, 48, 3)).astype("float32")
+    maps = keras_vit.attention_maps(model, inputs)
+    assert maps[0].shape == (1, 2, 24, 24)
+    with pytest.raises(ValueError, match="Cannot infer a square patch grid"):
+        keras_vit.attention_rollout(maps)
+    by_model = keras_vit.attention_rollout(maps, grid_size=model)
+    by_size = keras_vit.attention_rollout(maps, grid_size=(4, 6))
+    assert by_model.shape == (1, 4, 6)
+    np.testing.assert_array_equal(by_model, by_size)
+    np.testing.assert_allclose(by_model.sum(), 1.0, rtol=1e-5)  # gap: mean of rows summing to 1
+    with pytest.raises(ValueError, match=r"grid_size=\(5, 5\)"):
+        keras_vit.attention_rollout(maps, grid_size=(5, 5))
+
+
+def test_hybrid_maps_and_features_equal_numpy(tiny_config, images):
+    model = perturbed_model(tiny_config, patch_size=1, resnet_layers=(), resnet_width=1)
+    for weight in model.get_layer("resnet").weights:  # a tame stem, finite activations
+        weight.assign(RNG.normal(0, 0.05, weight.shape).astype("float32"))
+    features = keras.Model(model.input, model.get_layer("patch_encoder").input)(images)
+    outputs, expected = np_forward(model, keras.ops.convert_to_numpy(features).astype("float64"))
+    maps = keras_vit.attention_maps(model, images)
+    tokens = 1 + model.get_layer("patch_encoder").grid_size[0] ** 2
+    assert maps[0].shape == (2, 2, tokens, tokens)
+    for got, want in zip(maps, expected):
+        np.testing.assert_allclose(got, want, atol=2e-5)
+    last = keras_vit.feature_extractor(model, layers=-1)(images)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(last), outputs[-1], atol=1e-4)
+
+
+def test_maps_stay_exact_when_attention_uses_a_fused_kernel(monkeypatch, tiny_config, images):
+    from keras_vit.layers import MultiHeadSelfAttention
+
+    def fused_call(self, inputs, training=None):  # never forms the weights
+        query, key, value = self._split_heads(inputs)
+        x = keras.ops.dot_product_attention(query, key, value, scale=self.head_dim**-0.5)
+        return self.proj(keras.ops.reshape(x, (-1, inputs.shape[1], self.hidden_dim)))
 
     model = perturbed_model(tiny_config)
-    similarity = keras_vit.position_embedding_similarity(model)
-    assert similarity.shape == (4, 4, 4, 4)
-    np.testing.assert_allclose(
-        [similarity[i, j, i, j] for i in range(4) for j in range(4)], 1, atol=1e-5
-    )
-    paths = [os.path.join(tmp_path, f"{name}.png") for name in ("pos", "distance", "overlay")]
-    keras_vit.plot_position_embedding_similarity(model, path=paths[0])
-    keras_vit.plot_mean_attention_distance(model, images, path=paths[1])
-    rollout = keras_vit.attention_rollout(keras_vit.attention_maps(model, images))
-    keras_vit.plot_attention(images[0], rollout[0], path=paths[2], title="class 3")
-    for path in paths:
-        with Image.open(path) as picture:
-            assert picture.format == "PNG" and min(picture.size) > 100
+    expected = np_forward(model, images.astype("float64"))[1]
+    monkeypatch.setattr(MultiHeadSelfAttention, "call", fused_call)
+    for got, want in zip(keras_vit.attention_maps(model, images), expected):
+        np.testing.assert_allclose(got, want, atol=2e-5)
 
 
-def test_explain_command_writes_overlays(tmp_path, tiny_config):
-    from PIL import Image
+def test_feature_extractor_shares_weights_and_gives_gap_grids(tiny_config, images):
+    model = perturbed_model(tiny_config, pooling="gap")
+    extractor = keras_vit.feature_extractor(model, layers=[1], patch_grid=True)
+    before = keras.ops.convert_to_numpy(extractor(images))  # Keras unwraps one output
+    assert before.shape == (2, 4, 4, 32)  # gap: all 16 tokens are patches
+    expected = np_forward(model, images.astype("float64"))[0][1].reshape(2, 4, 4, 32)
+    np.testing.assert_allclose(before, expected, atol=5e-5)
+    bias = model.get_layer("transformer_block_1").mlp.fc2.bias
+    bias.assign(bias + 1.0)
+    after = keras.ops.convert_to_numpy(extractor(images))
+    np.testing.assert_allclose(after, before + 1.0, atol=1e-5)
+    with pytest.raises(ValueError, match="twice"):
+        keras_vit.feature_extractor(model, layers=[0, "transformer_block_0"])
 
-    model = perturbed_model(tiny_config)
-    model.save(os.path.join(tmp_path, "model.keras"))
-    with open(os.path.join(tmp_path, "classes.json"), "w") as handle:
-        json.dump([f"c{i}" for i in range(10)], handle)
-    image_path = os.path.join(tmp_path, "photo.png")
-    Image.fromarray(RNG.integers(0, 255, (60, 45, 3), dtype=np.uint8)).save(image_path)
-    out = os.path.join(tmp_path, "explained")
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "keras_vit",
-            "explain",
-            image_path,
-            "--model",
-            str(tmp_path),
-            "--output",
-            out,
-            "--top-k",
-            "3",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.count(" c") >= 3
-    with Image.open(os.path.join(out, "photo_attention.png")) as overlay:
-        assert overlay.size == (45, 60)
-    assert os.path.isfile(os.path.join(out, "photo_explain.png"))
-    missing = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "keras_vit",
-            "explain",
-            "nope.png",
-            "--model",
-            str(tmp_path),
-            "--output",
-            out,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert missing.returncode == 2 and "no such image file" in missing.stderr
-    assert "Traceback" not in missing.stderr
+
+def test_docstring_examples_run():
+    import doctest
+
+    from keras_vit import inspection
+
+    result = doctest.testmod(inspection)
+    assert result.attempted >= 3 and result.failed == 0

@@ -45,56 +45,77 @@ def resize(image, size):
 
 
 def probabilities(model, images):
-    """Class probabilities of `images`, whatever the head's activation."""
+    """Class scores of `images`: softmax of the logits, or the head's own
+    activation's output (softmax, sigmoid, ...) when it has one."""
     import keras
 
-    outputs = keras.ops.convert_to_numpy(model(images, training=False)).astype("float64")
-    head = model.get_layer("head") if "head" in [layer.name for layer in model.layers] else None
-    if head is None:
+    names = [layer.name for layer in model.layers]
+    if "head" not in names:
         raise UsageError("the model has no classification head (num_classes=0)")
-    if head.activation is keras.activations.softmax:
+    outputs = np.asarray(model.predict(images, batch_size=32, verbose=0), dtype="float64")
+    activation = getattr(model.get_layer("head"), "activation", None)
+    if activation not in (None, keras.activations.linear):
         return outputs
     outputs = np.exp(outputs - outputs.max(axis=-1, keepdims=True))
     return outputs / outputs.sum(axis=-1, keepdims=True)
 
 
+def output_stems(paths):
+    """File-name stems for the outputs, made unique (a/x.png, b/x.png -> x, x_1)."""
+    stems, seen = [], set()
+    for path in paths:
+        stem = base = os.path.splitext(os.path.basename(path))[0]
+        suffix = 1
+        while stem in seen:
+            stem, suffix = f"{base}_{suffix}", suffix + 1
+        seen.add(stem)
+        stems.append(stem)
+    return stems
+
+
 def run(args):
-    import matplotlib.pyplot as plt
     from PIL import Image
 
     from keras_vit.export import load_trained
-    from keras_vit.inspection import attention_maps, attention_rollout, patch_encoder
+    from keras_vit.inspection import attention_maps, attention_rollout
     from keras_vit.preprocessing import preprocess_inputs
     from keras_vit.visualize import attention_overlay, plot_attention
 
     if args.top_k < 1:
         raise UsageError(f"--top-k must be a positive integer. Received: {args.top_k}")
     model, class_names = load_trained(args.model)
-    size = tuple(model.input_shape[1:3])
+    size, channels = tuple(model.input_shape[1:3]), model.input_shape[3]
     originals = [load_image(path) for path in args.images]
     images = np.stack([resize(image, size) for image in originals])
+    if channels == 1:  # a grayscale model: ITU-R 601 luma, as PIL's "L" mode
+        luma = images.astype("float32") @ np.array([0.299, 0.587, 0.114], "float32")
+        images = luma.round().clip(0, 255).astype("uint8")[..., None]
+    elif channels != 3:
+        raise UsageError(f"explain reads RGB images; the model takes {channels} channels")
     inputs = preprocess_inputs(images)
     probs = probabilities(model, inputs)
     rollout = attention_rollout(
         attention_maps(model, inputs),
         discard_ratio=args.discard_ratio,
         head_fusion=args.head_fusion,
-        grid_size=patch_encoder(model).grid_size,
+        grid_size=model,
     )
+    if class_names is not None and len(class_names) != probs.shape[-1]:
+        raise UsageError(
+            f"the model has {probs.shape[-1]} classes but its class-name file lists "
+            f"{len(class_names)}"
+        )
     os.makedirs(args.output, exist_ok=True)
     top_k = min(args.top_k, probs.shape[-1])
-    for path, image, prob, attention in zip(args.images, originals, probs, rollout):
+    stems = output_stems(args.images)
+    for path, stem, image, prob, attention in zip(args.images, stems, originals, probs, rollout):
         order = np.argsort(-prob)[:top_k]
         names = [class_names[i] if class_names else str(i) for i in order]
-        stem = os.path.splitext(os.path.basename(path))[0]
         # The overlay at the image's own size, and a titled side-by-side panel.
         overlay = os.path.join(args.output, f"{stem}_attention.png")
         Image.fromarray(attention_overlay(image, attention)).save(overlay)
         panel = os.path.join(args.output, f"{stem}_explain.png")
-        figure = plot_attention(
-            image, attention, path=panel, title=f"{names[0]} ({prob[order[0]]:.1%})"
-        )
-        plt.close(figure)
+        plot_attention(image, attention, path=panel, title=f"{names[0]} ({prob[order[0]]:.1%})")
         print(f"{path}: " + ", ".join(f"{n} {prob[i]:.3f}" for n, i in zip(names, order)))
         print(f"  overlay: {overlay}  panel: {panel}")
     return 0
