@@ -39,7 +39,7 @@ class MultiHeadSelfAttention(keras.layers.Layer):
 
     Example:
     >>> import numpy as np
-    >>> MultiHeadSelfAttention(num_heads=2)(np.zeros((1, 5, 8), "float32")).shape
+    >>> tuple(MultiHeadSelfAttention(num_heads=2)(np.zeros((1, 5, 8), "float32")).shape)
     (1, 5, 8)
     """
 

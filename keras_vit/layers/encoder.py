@@ -34,7 +34,7 @@ class PatchEncoder(keras.layers.Layer):
 
     Example:
     >>> import numpy as np
-    >>> PatchEncoder(patch_size=8, hidden_dim=16)(np.zeros((2, 32, 32, 3), "float32")).shape
+    >>> tuple(PatchEncoder(patch_size=8, hidden_dim=16)(np.zeros((2, 32, 32, 3), "float32")).shape)
     (2, 17, 16)
     """
 

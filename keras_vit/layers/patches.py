@@ -67,7 +67,7 @@ class Patches(keras.layers.Layer):
 
     Example:
     >>> import numpy as np
-    >>> Patches(4)(np.zeros((2, 8, 12, 3), "float32")).shape
+    >>> tuple(Patches(4)(np.zeros((2, 8, 12, 3), "float32")).shape)
     (2, 6, 48)
     """
 
@@ -111,7 +111,7 @@ class PatchGrid(keras.layers.Layer):
 
     Example:
     >>> import numpy as np
-    >>> PatchGrid((2, 3), 1)(np.zeros((4, 7, 8), "float32")).shape
+    >>> tuple(PatchGrid((2, 3), 1)(np.zeros((4, 7, 8), "float32")).shape)
     (4, 2, 3, 8)
     """
 

@@ -25,7 +25,7 @@ class TokenPooling(keras.layers.Layer):
 
     Example:
     >>> import numpy as np
-    >>> TokenPooling("gap")(np.ones((2, 5, 8), "float32")).shape
+    >>> tuple(TokenPooling("gap")(np.ones((2, 5, 8), "float32")).shape)
     (2, 8)
     """
 

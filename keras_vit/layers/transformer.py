@@ -31,7 +31,7 @@ class DropPath(keras.layers.Layer):
 
     Example:
     >>> import numpy as np
-    >>> DropPath(0.5)(np.ones((2, 3), "float32")).shape
+    >>> tuple(DropPath(0.5)(np.ones((2, 3), "float32")).shape)
     (2, 3)
     """
 
@@ -79,7 +79,7 @@ class MLP(keras.layers.Layer):
 
     Example:
     >>> import numpy as np
-    >>> MLP(mlp_dim=32)(np.zeros((1, 5, 8), "float32")).shape
+    >>> tuple(MLP(mlp_dim=32)(np.zeros((1, 5, 8), "float32")).shape)
     (1, 5, 8)
     """
 
@@ -153,7 +153,7 @@ class TransformerBlock(keras.layers.Layer):
 
     Example:
     >>> import numpy as np
-    >>> TransformerBlock(num_heads=2, mlp_dim=32)(np.zeros((1, 5, 8), "float32")).shape
+    >>> tuple(TransformerBlock(num_heads=2, mlp_dim=32)(np.zeros((1, 5, 8), "float32")).shape)
     (1, 5, 8)
     """
 
