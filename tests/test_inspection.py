@@ -7,19 +7,11 @@ import os
 import keras
 import numpy as np
 import pytest
+from numpy_reference import np_gelu, np_layer_norm
 
 import keras_vit
 
 RNG = np.random.default_rng(7)
-
-
-def np_layer_norm(x, gamma, beta):
-    mean = x.mean(-1, keepdims=True)
-    return (x - mean) / np.sqrt(((x - mean) ** 2).mean(-1, keepdims=True) + 1e-6) * gamma + beta
-
-
-def np_gelu(x):
-    return 0.5 * x * (1 + np.vectorize(math.erf)(x / math.sqrt(2)))
 
 
 def np_forward(model, images):

@@ -5,27 +5,11 @@ import math
 import keras
 import numpy as np
 import pytest
+from numpy_reference import np_gelu, np_layer_norm, np_softmax
 
 from keras_vit import layers
 
 RNG = np.random.default_rng(1)
-
-
-def np_layer_norm(x, gamma, beta, epsilon=1e-6):
-    mean = x.mean(-1, keepdims=True)
-    var = ((x - mean) ** 2).mean(-1, keepdims=True)
-    return (x - mean) / np.sqrt(var + epsilon) * gamma + beta
-
-
-def np_gelu(x, approximate):
-    if approximate:
-        return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
-    return 0.5 * x * (1 + np.vectorize(math.erf)(x / math.sqrt(2)))
-
-
-def np_softmax(x):
-    e = np.exp(x - x.max(-1, keepdims=True))
-    return e / e.sum(-1, keepdims=True)
 
 
 def np_attention(x, qkv_kernel, qkv_bias, proj_kernel, proj_bias, num_heads):
