@@ -10,6 +10,7 @@ folder; worker I writes its copy of the model under OUTPUT/worker-worker-I/.
 """
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -28,6 +29,6 @@ if __name__ == "__main__":
     processes = []
     for index in range(2):
         config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
-        env = dict(__import__("os").environ, TF_CONFIG=json.dumps(config))
+        env = dict(os.environ, TF_CONFIG=json.dumps(config))
         processes.append(subprocess.Popen(command, env=env))
     sys.exit(max(p.wait() for p in processes))

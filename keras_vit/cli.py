@@ -2,13 +2,19 @@
 
 Each module of `keras_vit.commands` named in COMMANDS defines
 `HELP` (one line), `add_arguments(parser)` and `run(args) -> int`. A user
-error (bad argument, missing file) is raised as `UsageError` or
-`ValueError` and printed with the usage, exit status 2, no traceback.
+error (bad argument, missing file) is raised as `UsageError`, or as a
+`ValueError`/`FileNotFoundError` from keras_vit's own checks, and printed with
+the usage, exit status 2, no traceback. An error raised inside TensorFlow or
+Keras is not the user's: it keeps its traceback (exit status 1).
 """
 
 import argparse
 import importlib
+import os
 import sys
+import traceback
+
+PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 COMMANDS = {
     "train": "keras_vit.commands.train",
@@ -49,12 +55,24 @@ def build_parser(modules=None):
     return parser
 
 
+def is_user_error(error):
+    """UsageError, or a ValueError/FileNotFoundError raised by keras_vit's own code."""
+    if isinstance(error, UsageError):
+        return True
+    if not isinstance(error, (ValueError, FileNotFoundError)):
+        return False
+    frames = traceback.extract_tb(error.__traceback__)
+    return bool(frames) and os.path.abspath(frames[-1].filename).startswith(PACKAGE_DIR + os.sep)
+
+
 def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         return int(args._run(args) or 0)
     except (UsageError, ValueError, FileNotFoundError) as error:
+        if not is_user_error(error):
+            raise
         args._parser.print_usage(sys.stderr)
         print(f"keras-vit {args.command}: error: {error}", file=sys.stderr)
         return 2

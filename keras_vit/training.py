@@ -114,6 +114,8 @@ def compile_model(
         metrics=[keras.metrics.CategoricalAccuracy(name="accuracy")],
         jit_compile=jit_compile,
     )
+    if _in_multi_worker_mode(model.distribute_strategy):
+        _prepare_multi_worker(model)
     return model
 
 
@@ -183,6 +185,63 @@ def get_strategy(name="auto"):
     if len(tf.config.list_logical_devices("GPU")) > 1:
         return tf.distribute.MirroredStrategy()
     return tf.distribute.get_strategy()
+
+
+def _in_multi_worker_mode(strategy):
+    import tensorflow as tf
+
+    return isinstance(
+        strategy, tf.distribute.MultiWorkerMirroredStrategy
+    ) and strategy.extended._in_multi_worker_mode()
+
+
+def _prepare_multi_worker(model):
+    """Lets Keras 3 `fit`/`evaluate` run a compiled model under MultiWorkerMirroredStrategy.
+
+    Two defects of Keras 3.x (up to 3.15 at least, tensorflow/tensorflow#72388) are
+    worked around here:
+
+    - `fit` builds the loss and metrics from the first distributed batch, which it
+      tries to reduce across workers and fails on ("Attempt to convert a value
+      (PerReplica...)"). The model is built here from a local zero batch instead,
+      labels shaped like the outputs (the recipe's categorical cross-entropy).
+    - The train and test steps average their scalar logs across workers with
+      `strategy.reduce("MEAN", value, axis=0)`, which fails on 0-d values ("Invalid
+      reduction dimension 0 for input with 0 dimensions"). Scalars are averaged with
+      `axis=None` instead; everything else goes to Keras unchanged.
+    """
+    import numpy as np
+
+    strategy = model.distribute_strategy
+    inputs = np.zeros((1,) + tuple(model.inputs[0].shape[1:]), model.inputs[0].dtype)
+    labels = np.zeros((1,) + tuple(model.outputs[0].shape[1:]), "float32")
+    with strategy.scope():
+        model._symbolic_build(data_batch=(inputs, labels))
+    model._maybe_symbolic_build = lambda iterator=None, data_batch=None: None
+    _patch_multi_worker_log_reduction()
+
+
+def _patch_multi_worker_log_reduction():
+    from keras.src.backend.tensorflow import trainer as tf_trainer
+
+    original = tf_trainer.reduce_per_replica
+    if getattr(original, "_keras_vit_patched", False):
+        return
+
+    def reduce_per_replica(values, strategy, reduction):
+        if reduction not in ("auto", "mean") or not _in_multi_worker_mode(strategy):
+            return original(values, strategy, reduction)
+
+        def reduce(value):
+            local = strategy.experimental_local_results(value)[0]
+            if getattr(local, "shape", None) is not None and len(local.shape) == 0:
+                return strategy.reduce("MEAN", value, axis=None)
+            return original(value, strategy, reduction)
+
+        return keras.tree.map_structure(reduce, values)
+
+    reduce_per_replica._keras_vit_patched = True
+    tf_trainer.reduce_per_replica = reduce_per_replica
 
 
 def is_chief():

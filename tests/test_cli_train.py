@@ -131,3 +131,16 @@ def test_main_job_digits_reaches_95_percent(tmp_path):
         accuracy = json.load(file)["val_accuracy"]
     print(f"digits main job: val_accuracy {accuracy:.4f} in {elapsed:.0f} s")
     assert accuracy >= 0.95
+
+
+def test_only_keras_vit_value_errors_are_usage_errors():
+    from keras_vit import cli, training
+
+    with pytest.raises(ValueError) as ours:
+        training.build_optimizer("adam", 0.1)
+    assert cli.is_user_error(ours.value)
+    with pytest.raises(ValueError) as foreign:  # raised inside NumPy: a bug, not a usage error
+        np.zeros(2).reshape(3)
+    assert not cli.is_user_error(foreign.value)
+    assert cli.is_user_error(cli.UsageError("bad"))
+    assert not cli.is_user_error(RuntimeError("bad"))

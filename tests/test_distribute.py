@@ -77,11 +77,6 @@ def _free_ports(n):
     return ports
 
 
-@pytest.mark.xfail(
-    reason="Keras 3.15 fit under MultiWorkerMirroredStrategy fails in the train step "
-    "('Invalid reduction dimension 0 for input with 0 dimensions'); not fixed yet",
-    strict=False,
-)
 def test_multi_worker_two_processes_end_equal(tmp_path):
     rng = np.random.default_rng(0)
     y = np.arange(64) % 2

@@ -449,7 +449,6 @@ def _fit(model, data, args, work_dir, skip, epoch, end_epoch, steps, validation,
         tensorboard=getattr(args, "tensorboard", False),
         csv_append=skip > 0,
     )
-    _avoid_multi_worker_symbolic_build(model, stream)
     model.fit(
         stream,
         initial_epoch=epoch,
@@ -461,20 +460,6 @@ def _fit(model, data, args, work_dir, skip, epoch, end_epoch, steps, validation,
         callbacks=callbacks,
         verbose=verbose,
     )
-
-
-def _avoid_multi_worker_symbolic_build(model, stream):
-    """Keras 3.15 fit() under MultiWorkerMirroredStrategy reduces a distributed batch to build
-    the model and fails (PerReplica conversion). Build from a local batch instead."""
-    import tensorflow as tf
-
-    strategy = model.distribute_strategy
-    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
-        return
-    batch = next(iter(stream.take(1)))
-    with strategy.scope():
-        model._symbolic_build(data_batch=batch)
-    model._maybe_symbolic_build = lambda iterator=None, data_batch=None: None
 
 
 def _crop(args):
