@@ -190,9 +190,10 @@ def get_strategy(name="auto"):
 def _in_multi_worker_mode(strategy):
     import tensorflow as tf
 
-    return isinstance(
-        strategy, tf.distribute.MultiWorkerMirroredStrategy
-    ) and strategy.extended._in_multi_worker_mode()
+    return (
+        isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+        and strategy.extended._in_multi_worker_mode()
+    )
 
 
 def _prepare_multi_worker(model):
