@@ -266,7 +266,14 @@ def feature_extractor(model, layers=None, patch_grid=False, name=None):
         raise ValueError("`layers` must name at least one block. Received: layers=[]")
     if len(set(indices)) != len(indices):
         raise ValueError(f"`layers` names a block twice. Received: layers={layers!r}")
-    outputs = [blocks[i].output for i in indices]
+    # A class-token model's last block computes the class token only; here it
+    # is called again (same weights) for every token.
+    outputs = [
+        blocks[i](blocks[i].input, first_token_only=False)
+        if blocks[i].first_token_only
+        else blocks[i].output
+        for i in indices
+    ]
     if patch_grid:
         encoder = patch_encoder(model)
         grid = PatchGrid(encoder.grid_size, encoder.num_prefix_tokens, name=None)

@@ -202,6 +202,8 @@ def VisionTransformer(
             attention_dropout_rate=attention_dropout_rate,
             drop_path_rate=drop_path_rate * index / max(num_layers - 1, 1),
             approximate_gelu=approximate_gelu,
+            # Only the class token reaches the head: the last block computes it alone.
+            first_token_only=pooling == "token" and index == num_layers - 1,
             dtype=dtype,
             name=f"transformer_block_{index}",
         )(x)

@@ -285,8 +285,13 @@ def test_mixed_precision_outputs_float32(tiny_config, tmp_path, images):
     outputs = loaded.signatures["serving_float"](images=tf.constant(images))
     assert all(outputs[key].dtype == tf.float32 for key in ("logits", "probabilities"))
     assert outputs["top_k_indices"].shape == (2, 10)  # top_k is capped at the classes
-    expected = keras.ops.convert_to_numpy(model(images))
-    np.testing.assert_allclose(outputs["logits"], expected, rtol=1e-5, atol=1e-5)
+    # A graph fuses each bfloat16 matmul with its bias and GELU (rounding once, not
+    # after each op), so the SavedModel matches the model run as a graph exactly
+    # and eager execution to bfloat16 precision.
+    graph = keras.ops.convert_to_numpy(tf.function(model)(tf.constant(images)))
+    np.testing.assert_allclose(outputs["logits"], graph, rtol=1e-5, atol=1e-5)
+    eager = keras.ops.convert_to_numpy(model(images))
+    np.testing.assert_allclose(outputs["logits"], eager, rtol=0, atol=3e-2)
 
 
 def test_model_built_under_a_distribution_strategy(tiny_config, tmp_path, images):

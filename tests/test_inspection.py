@@ -268,10 +268,11 @@ def test_hybrid_maps_and_features_equal_numpy(tiny_config, images):
 def test_maps_stay_exact_when_attention_uses_a_fused_kernel(monkeypatch, tiny_config, images):
     from keras_vit.layers import MultiHeadSelfAttention
 
-    def fused_call(self, inputs, training=None):  # never forms the weights
+    def fused_call(self, inputs, training=None, num_queries=None):  # never forms the weights
         query, key, value = self._split_heads(inputs)
+        query = query if num_queries is None else query[:, :num_queries]
         x = keras.ops.dot_product_attention(query, key, value, scale=self.head_dim**-0.5)
-        return self.proj(keras.ops.reshape(x, (-1, inputs.shape[1], self.hidden_dim)))
+        return self.proj(keras.ops.reshape(x, (-1, query.shape[1], self.hidden_dim)))
 
     model = perturbed_model(tiny_config)
     expected = np_forward(model, images.astype("float64"))[1]

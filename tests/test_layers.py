@@ -240,6 +240,26 @@ def test_transformer_block_matches_numpy_composition():
     )
     np.testing.assert_allclose(to_numpy(block(x)), x1 + mlp, rtol=1e-4, atol=1e-4)
     assert block.norm1.epsilon == 1e-6 and block.norm2.epsilon == 1e-6
+    # The class-token-only path: the first row of the same composition.
+    first = to_numpy(block(x, first_token_only=True))
+    assert first.shape == (2, 1, 8)
+    np.testing.assert_allclose(first, (x1 + mlp)[:, :1], rtol=1e-4, atol=1e-4)
+
+
+def test_attention_num_queries_reads_every_key():
+    x = RNG.normal(size=(2, 7, 12)).astype("float32")
+    layer = layers.MultiHeadSelfAttention(num_heads=3)
+    layer(x)
+    perturb(layer)
+    full = to_numpy(layer(x))
+    for num_queries in (1, 3):
+        part = to_numpy(layer(x, num_queries=num_queries))
+        assert part.shape == (2, num_queries, 12)
+        np.testing.assert_allclose(part, full[:, :num_queries], rtol=1e-5, atol=1e-5)
+    # Changing a later token changes the first token's output: it is attended to.
+    moved = x.copy()
+    moved[:, -1] += 1.0
+    assert not np.allclose(to_numpy(layer(moved, num_queries=1)), full[:, :1], atol=1e-3)
 
 
 def test_transformer_block_round_trip_and_errors():
@@ -254,6 +274,9 @@ def test_transformer_block_round_trip_and_errors():
         ),
         RNG.normal(size=(1, 5, 8)).astype("float32"),
     )
+    first_only = layers.TransformerBlock(num_heads=2, mlp_dim=16, first_token_only=True)
+    assert first_only.compute_output_shape((None, 5, 8)) == (None, 1, 8)
+    assert_round_trip(first_only, RNG.normal(size=(1, 5, 8)).astype("float32"))
     with pytest.raises(ValueError, match="mlp_dim"):
         layers.TransformerBlock(num_heads=2, mlp_dim=-1)
     with pytest.raises(ValueError, match="tokens, hidden_dim"):

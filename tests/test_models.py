@@ -56,6 +56,29 @@ def test_forward_shapes_token_and_gap(tiny_config, images):
     assert gap(images).shape == (2, 10)
 
 
+def test_only_the_last_block_of_a_class_token_model_skips_patch_tokens(tiny_config, images):
+    model = keras_vit.VisionTransformer(**tiny_config)
+    last = tiny_config["num_layers"] - 1
+    flags = [model.get_layer(f"transformer_block_{i}").first_token_only for i in range(last + 1)]
+    assert flags == [False] * last + [True]
+    assert model.get_layer(f"transformer_block_{last}").output.shape == (None, 1, 32)
+    for layer in model.layers:  # non-zero head and class token, so that the logits vary
+        for weight in layer.weights:
+            weight.assign(np.random.default_rng(2).normal(0, 0.2, weight.shape).astype("float32"))
+    # The same layers composed by hand, every block on every token.
+    x = model.get_layer("patch_encoder")(images)
+    for index in range(last + 1):
+        x = model.get_layer(f"transformer_block_{index}")(x, first_token_only=False)
+    assert x.shape == (2, 17, 32)
+    for name in ("encoder_norm", "pooling", "head"):
+        x = model.get_layer(name)(x)
+    expected = to_numpy(x)
+    assert np.abs(expected).max() > 1e-2
+    np.testing.assert_allclose(to_numpy(model(images)), expected, rtol=1e-5, atol=1e-5)
+    gap = keras_vit.VisionTransformer(**{**tiny_config, "pooling": "gap"})
+    assert not gap.get_layer(f"transformer_block_{last}").first_token_only
+
+
 def test_gap_is_layer_norm_then_mean_of_all_tokens(tiny_config, images):
     model = keras_vit.VisionTransformer(**{**tiny_config, "pooling": "gap", "num_classes": 0})
     normed = keras.Model(model.input, model.get_layer("encoder_norm").output)(images)

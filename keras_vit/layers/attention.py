@@ -33,9 +33,12 @@ class MultiHeadSelfAttention(keras.layers.Layer):
     Call arguments:
         inputs: a (batch, tokens, hidden_dim) tensor.
         training: whether dropout is active.
+        num_queries: attend from the first `num_queries` tokens only (keys and
+            values still come from all tokens); None for every token.
 
     Returns:
-        A (batch, tokens, hidden_dim) tensor.
+        A (batch, tokens, hidden_dim) tensor, or (batch, num_queries,
+        hidden_dim) when `num_queries` is given.
 
     Example:
     >>> import numpy as np
@@ -86,9 +89,12 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         self.built = True
 
     def _split_heads(self, inputs):
-        # (batch, tokens, 3 * D) -> three (batch, tokens, heads, head_dim) views; the
-        # einsums below contract over this layout directly, with no transposes.
-        qkv = self.qkv(inputs)
+        # The projection runs on (batch * tokens, D) rows: one plain matrix product,
+        # which oneDNN fuses with the bias (a batched product of 3-D inputs is
+        # slower on CPUs). Then (batch, tokens, 3 * D) -> three (batch, tokens,
+        # heads, head_dim) views; the einsums below contract over this layout
+        # directly, with no transposes.
+        qkv = self.qkv(ops.reshape(inputs, (-1, self.hidden_dim)))
         qkv = ops.reshape(qkv, (-1, inputs.shape[1], 3, self.num_heads, self.head_dim))
         return qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
 
@@ -102,16 +108,24 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         query, key, _ = self._split_heads(inputs)
         return self._attention_weights(query, key)
 
-    def call(self, inputs, training=None):
+    def call(self, inputs, training=None, num_queries=None):
         query, key, value = self._split_heads(inputs)
+        if num_queries is not None:
+            query = query[:, :num_queries]
         weights = ops.cast(self._attention_weights(query, key), value.dtype)
         weights = self.attention_dropout(weights, training=training)
         x = ops.einsum("bhqk,bkhd->bqhd", weights, value)
-        x = ops.reshape(x, (-1, inputs.shape[1], self.hidden_dim))
-        return self.output_dropout(self.proj(x), training=training)
+        x = self.output_dropout(self.proj(ops.reshape(x, (-1, self.hidden_dim))), training=training)
+        return ops.reshape(x, (-1, query.shape[1], self.hidden_dim))
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape)
+
+    def compute_output_spec(self, inputs, training=None, num_queries=None):
+        shape = tuple(inputs.shape)
+        if num_queries is not None:
+            shape = (shape[0], num_queries, shape[2])
+        return keras.KerasTensor(shape, dtype=self.compute_dtype)
 
     def get_config(self):
         return {
