@@ -197,6 +197,35 @@ def test_mlp_matches_numpy(approximate):
     assert_round_trip(layer, x)
 
 
+@pytest.mark.parametrize("approximate", [False, True])
+def test_gelu_gradient_matches_finite_differences(approximate):
+    from keras_vit.layers.transformer import gelu
+
+    x = np.linspace(-6, 6, 241).astype("float32")
+    # Central differences of the float64 NumPy GELU: independent of the layer.
+    step = 1e-5
+    x64 = x.astype("float64")
+    expected = (np_gelu(x64 + step, approximate) - np_gelu(x64 - step, approximate)) / (2 * step)
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        tensor = tf.constant(x)
+        with tf.GradientTape() as tape:
+            tape.watch(tensor)
+            outputs = gelu(tensor, approximate)
+        got = tape.gradient(outputs, tensor).numpy()
+    else:
+        import jax
+
+        got = np.asarray(jax.grad(lambda v: gelu(v, approximate).sum())(x))
+    np.testing.assert_allclose(
+        to_numpy(gelu(x, approximate)), np_gelu(x64, approximate), rtol=1e-5, atol=1e-6
+    )
+    # atol: far in the tails float32 tanh saturates at -1, and the true derivative
+    # (about -4e-6 at x = -5) rounds to 0.
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
 def test_mlp_bias_initialisation_is_tiny_normal():
     layer = layers.MLP(mlp_dim=4096)
     layer.build((None, 3, 1024))

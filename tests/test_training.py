@@ -77,6 +77,31 @@ def test_label_smoothing_loss():
     assert float(loss(target, logits)) == pytest.approx(-(smoothed * log_softmax).sum(), rel=1e-5)
 
 
+def test_jit_compile_auto_is_xla_on_one_device_only(monkeypatch):
+    import types
+
+    import tensorflow as tf
+
+    assert training.resolve_jit_compile("auto") is True
+    assert training.resolve_jit_compile(False) is False
+    # Two replicas (the real MirroredStrategy case runs in test_distribute.py).
+    two = types.SimpleNamespace(num_replicas_in_sync=2)
+    monkeypatch.setattr(tf.distribute, "get_strategy", lambda: two)
+    assert training.resolve_jit_compile("auto") is False
+    with pytest.raises(ValueError, match="jit_compile"):
+        training.resolve_jit_compile("always")
+
+
+def test_compile_model_uses_xla_by_default(tiny_config):
+    import keras_vit
+
+    model = keras_vit.VisionTransformer(**tiny_config)
+    training.compile_model(model, total_steps=10)
+    assert model.jit_compile is True
+    training.compile_model(model, total_steps=10, jit_compile=False)
+    assert model.jit_compile is False
+
+
 def test_scaled_learning_rate():
     assert training.scaled_learning_rate(4e-3, 64) == pytest.approx(1e-3)
 

@@ -151,7 +151,12 @@ def add_arguments(parser):
         default=20,
         help="save a resumable backup every N steps (default 20)",
     )
-    parser.add_argument("--jit-compile", action="store_true", help="XLA-compile the train step")
+    parser.add_argument(
+        "--jit-compile",
+        choices=("auto", "yes", "no"),
+        default="auto",
+        help="XLA-compile the train step (auto: yes on one device, no with several replicas)",
+    )
     parser.add_argument("--tensorboard", action="store_true", help="TensorBoard logs in logs/")
     parser.add_argument(
         "--skip-corrupt", action="store_true", help="folder data: skip unreadable images"
@@ -339,7 +344,7 @@ def train(args):
             weight_decay=args.weight_decay,
             label_smoothing=args.label_smoothing,
             clipnorm=args.clipnorm,
-            jit_compile=args.jit_compile,
+            jit_compile=_jit_compile(args.jit_compile),
         )
         done = _restore(model, work_dir)
     print(
@@ -460,6 +465,11 @@ def _fit(model, data, args, work_dir, skip, epoch, end_epoch, steps, validation,
         callbacks=callbacks,
         verbose=verbose,
     )
+
+
+def _jit_compile(value):
+    # run.json of earlier versions stored a boolean.
+    return {"yes": True, "no": False, True: True, False: False}.get(value, "auto")
 
 
 def _crop(args):

@@ -1,5 +1,7 @@
 """The pre-norm transformer encoder block, its MLP and stochastic depth."""
 
+import math
+
 import keras
 from keras import ops
 
@@ -8,6 +10,40 @@ from keras_vit.layers._checks import rate as check_rate
 from keras_vit.layers.attention import MultiHeadSelfAttention
 
 LAYER_NORM_EPSILON = 1e-6
+SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+TANH_GELU_COEFFICIENT = 0.044715
+
+
+def _gelu_derivative(x, approximate):
+    if approximate:
+        t = ops.tanh(SQRT_2_OVER_PI * (x + TANH_GELU_COEFFICIENT * x * x * x))
+        slope = SQRT_2_OVER_PI * (1.0 + 3.0 * TANH_GELU_COEFFICIENT * x * x)
+        return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * slope
+    cdf = 0.5 * (1.0 + ops.erf(x * (1.0 / math.sqrt(2.0))))
+    return cdf + x * ops.exp(-0.5 * x * x) * (1.0 / math.sqrt(2.0 * math.pi))
+
+
+def gelu(x, approximate=False):
+    """`keras.activations.gelu` whose backward pass keeps only its input.
+
+    The forward value is Keras' own. The derivative, Phi(x) + x phi(x) (or
+    that of the tanh form), is recomputed from `x` in the backward pass, in
+    float32, so training stores none of the forward's intermediate terms
+    (automatic differentiation of the erf form keeps two more tensors of the
+    MLP's width per block).
+    """
+
+    @ops.custom_gradient
+    def forward(x):
+        def grad(*args, upstream=None):
+            if upstream is None:
+                (upstream,) = args
+            derivative = _gelu_derivative(ops.cast(x, "float32"), approximate)
+            return upstream * ops.cast(derivative, upstream.dtype)
+
+        return keras.activations.gelu(x, approximate=approximate), grad
+
+    return forward(x)
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -116,7 +152,7 @@ class MLP(keras.layers.Layer):
         # On (rows, features): plain matrix products, which oneDNN fuses with the
         # bias and the GELU (3-D inputs become slower batched products on CPUs).
         x = ops.reshape(inputs, (-1, inputs.shape[-1]))
-        x = keras.activations.gelu(self.fc1(x), approximate=self.approximate_gelu)
+        x = gelu(self.fc1(x), approximate=self.approximate_gelu)
         x = self.dropout(x, training=training)
         x = self.dropout(self.fc2(x), training=training)
         return ops.reshape(x, ops.shape(inputs))
