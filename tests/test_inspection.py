@@ -269,7 +269,8 @@ def test_maps_stay_exact_when_attention_uses_a_fused_kernel(monkeypatch, tiny_co
     from keras_vit.layers import MultiHeadSelfAttention
 
     def fused_call(self, inputs, training=None, num_queries=None):  # never forms the weights
-        query, key, value = self._split_heads(inputs)
+        # dot_product_attention takes (batch, tokens, heads, head_dim).
+        query, key, value = (keras.ops.swapaxes(t, 1, 2) for t in self._split_heads(inputs))
         query = query if num_queries is None else query[:, :num_queries]
         x = keras.ops.dot_product_attention(query, key, value, scale=self.head_dim**-0.5)
         return self.proj(keras.ops.reshape(x, (-1, query.shape[1], self.hidden_dim)))

@@ -1,0 +1,230 @@
+"""In-process micro-benchmarks behind keras_vit's fast path (TensorFlow backend, float32).
+
+    python benchmarks/micro.py                 # all of them, ViT-S/16 shapes at 224
+    python benchmarks/micro.py gemm mlp        # some of them
+    python benchmarks/micro.py --tokens 577    # attention at 384 (24 x 24 patches + 1)
+
+gemm       float32 matrix products at the model's shapes: TensorFlow (oneDNN), XLA, NumPy
+mlp        the MLP on (batch, tokens, D) against (batch * tokens, D) rows, graph and XLA
+attention  the attention core (softmax(q k^T) v) written three ways, forward and backward
+block      one TransformerBlock and its parts, forward and forward + backward
+model      the whole ViT-S/16: inference and training-step images/s, peak RSS
+
+Each figure is the median of several timed repetitions, after a warm-up call.
+The machine is shared: compare figures from one run, not across runs. Side by
+side comparisons with the peers are benchmarks/bench.py's job.
+"""
+
+import argparse
+import resource
+import time
+
+import numpy as np
+
+BATCH, DIM, HEADS, MLP_DIM = 8, 384, 6, 1536
+
+
+def median_seconds(function, repeats=7, inner=5):
+    function()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(inner):
+            result = function()
+        _block(result)
+        times.append((time.perf_counter() - start) / inner)
+    return float(np.median(times))
+
+
+def _block(result):
+    import tensorflow as tf
+
+    for value in tf.nest.flatten(result):
+        if hasattr(value, "numpy"):
+            value.numpy()
+
+
+def bench_gemm(tokens):
+    import tensorflow as tf
+
+    rows = BATCH * tokens
+    shapes = [(2048, 2048, 2048), (rows, DIM, 3 * DIM), (rows, DIM, MLP_DIM), (rows, MLP_DIM, DIM)]
+    print("gemm: GFLOP/s of (m, k) @ (k, n)")
+    graph = tf.function(tf.matmul)
+    xla = tf.function(tf.matmul, jit_compile=True)
+
+    def numpy_matmul(a, b):
+        return tf.constant(a.numpy() @ b.numpy())
+
+    for m, k, n in shapes:
+        a, b = tf.random.normal((m, k)), tf.random.normal((k, n))
+        flops = 2.0 * m * k * n
+        figures = {
+            name: flops / median_seconds(lambda f=function, a=a, b=b: f(a, b)) / 1e9
+            for name, function in (("tensorflow", graph), ("xla", xla), ("numpy", numpy_matmul))
+        }
+        print(f"  {(m, k, n)}: " + ", ".join(f"{name} {v:.0f}" for name, v in figures.items()))
+
+
+def bench_mlp(tokens):
+    import keras
+    import tensorflow as tf
+    from keras import ops
+
+    inputs = tf.random.normal((BATCH, tokens, DIM))
+    fc1, fc2 = keras.layers.Dense(MLP_DIM), keras.layers.Dense(DIM)
+
+    def three_d(x):
+        return fc2(keras.activations.gelu(fc1(x)))
+
+    def rows(x):
+        y = fc2(keras.activations.gelu(fc1(ops.reshape(x, (-1, DIM)))))
+        return ops.reshape(y, ops.shape(x))
+
+    flops = 2 * 2 * BATCH * tokens * DIM * MLP_DIM
+    print("mlp: forward ms (GFLOP/s)")
+    for name, function in (("3-D input", three_d), ("2-D rows", rows)):
+        for jit in (False, True):
+            compiled = tf.function(function, jit_compile=jit)
+            seconds = median_seconds(lambda c=compiled: c(inputs))
+            mode = "xla" if jit else "graph"
+            print(f"  {name:9s} {mode:5s} {seconds * 1e3:6.2f} ms ({flops / seconds / 1e9:.0f})")
+
+
+def _attention_variants():
+    from keras import ops
+
+    def einsum(qkv):
+        query, key, value = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+        scale = query.shape[-1] ** -0.5
+        weights = ops.softmax(ops.einsum("bqhd,bkhd->bhqk", query * scale, key), axis=-1)
+        return ops.einsum("bhqk,bkhd->bqhd", weights, value)
+
+    def transpose_matmul(qkv):
+        query, key, value = ops.unstack(ops.transpose(qkv, (2, 0, 3, 1, 4)), axis=0)
+        scale = query.shape[-1] ** -0.5
+        weights = ops.softmax(ops.matmul(query * scale, ops.swapaxes(key, -1, -2)), axis=-1)
+        return ops.transpose(ops.matmul(weights, value), (0, 2, 1, 3))
+
+    def dot_product_attention(qkv):
+        return ops.dot_product_attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2])
+
+    return {
+        "einsum (keras_vit)": einsum,
+        "transpose + matmul": transpose_matmul,
+        "ops.dot_product_attention": dot_product_attention,
+    }
+
+
+def _forward_and_backward(function, inputs, variables=()):
+    import tensorflow as tf
+
+    def step(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = function(x)
+            loss = tf.reduce_sum(y * y)
+        return tape.gradient(loss, [x, *variables])
+
+    return step
+
+
+def bench_attention(tokens):
+    import tensorflow as tf
+
+    qkv = tf.random.normal((BATCH, tokens, 3, HEADS, DIM // HEADS))
+    variants = _attention_variants()
+    reference = variants["einsum (keras_vit)"](qkv).numpy()
+    print("attention core: forward ms / forward + backward ms")
+    for name, function in variants.items():
+        np.testing.assert_allclose(function(qkv).numpy(), reference, atol=1e-4)
+        for jit in (False, True):
+            forward = tf.function(function, jit_compile=jit)
+            both = tf.function(_forward_and_backward(function, qkv), jit_compile=jit)
+            mode = "xla" if jit else "graph"
+            print(
+                f"  {name:26s} {mode:5s} {median_seconds(lambda f=forward: f(qkv)) * 1e3:6.2f}"
+                f" / {median_seconds(lambda f=both: f(qkv)) * 1e3:6.2f}"
+            )
+
+
+def bench_block(tokens):
+    import keras
+    import tensorflow as tf
+
+    from keras_vit import layers
+    from keras_vit.layers.transformer import LAYER_NORM_EPSILON
+
+    inputs = tf.random.normal((BATCH, tokens, DIM))
+    parts = {
+        "TransformerBlock": layers.TransformerBlock(HEADS, MLP_DIM),
+        "MLP": layers.MLP(MLP_DIM),
+        "MultiHeadSelfAttention": layers.MultiHeadSelfAttention(HEADS),
+        "LayerNormalization": keras.layers.LayerNormalization(epsilon=LAYER_NORM_EPSILON),
+    }
+    print("block and parts: forward ms / forward + backward ms")
+    for name, layer in parts.items():
+        layer(inputs)
+        for jit in (False, True):
+            forward = tf.function(lambda x, f=layer: f(x), jit_compile=jit)
+            step = _forward_and_backward(
+                lambda x, f=layer: f(x, training=True), inputs, layer.trainable_variables
+            )
+            both = tf.function(step, jit_compile=jit)
+            mode = "xla" if jit else "graph"
+            print(
+                f"  {name:22s} {mode:5s} {median_seconds(lambda f=forward: f(inputs)) * 1e3:6.2f}"
+                f" / {median_seconds(lambda f=both: f(inputs)) * 1e3:6.2f}"
+            )
+
+
+def bench_model(tokens):
+    import keras
+
+    import keras_vit
+
+    side = int(round((tokens - 1) ** 0.5)) * 16
+    model = keras_vit.ViT_S16(image_size=side)
+    model.compile(
+        optimizer=keras.optimizers.AdamW(1e-4, weight_decay=0.05),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        jit_compile=True,
+    )
+    rng = np.random.default_rng(0)
+    images = rng.uniform(-1, 1, (BATCH, side, side, 3)).astype("float32")
+    labels = rng.integers(0, 1000, (BATCH,)).astype("int32")
+    infer = median_seconds(lambda: model.predict_on_batch(images), repeats=5, inner=1)
+    train = median_seconds(lambda: model.train_on_batch(images, labels), repeats=5, inner=1)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    print(
+        f"model: ViT-S/16 at {side}, XLA: inference {BATCH / infer:.2f} images/s, "
+        f"training {BATCH / train:.2f} images/s, peak RSS {peak:.2f} GB"
+    )
+
+
+BENCHMARKS = {
+    "gemm": bench_gemm,
+    "mlp": bench_mlp,
+    "attention": bench_attention,
+    "block": bench_block,
+    "model": bench_model,
+}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("which", nargs="*", help=f"from {', '.join(BENCHMARKS)} (default: all)")
+    parser.add_argument("--tokens", type=int, default=197, help="197 (224) or 577 (384)")
+    args = parser.parse_args(argv)
+    unknown = [name for name in args.which if name not in BENCHMARKS]
+    if unknown:
+        parser.error(f"expected names from {sorted(BENCHMARKS)}. Received: {unknown}")
+    if args.tokens < 2 or round((args.tokens - 1) ** 0.5) ** 2 != args.tokens - 1:
+        parser.error(f"--tokens must be a square number of patches + 1. Received: {args.tokens}")
+    for name in args.which or BENCHMARKS:
+        BENCHMARKS[name](args.tokens)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
