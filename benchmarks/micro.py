@@ -7,6 +7,7 @@
 gemm       float32 matrix products at the model's shapes: TensorFlow (oneDNN), XLA, NumPy
 mlp        the MLP on (batch, tokens, D) against (batch * tokens, D) rows, graph and XLA
 attention  the attention core (softmax(q k^T) v) written three ways, forward and backward
+           (keras_vit's: one transpose, unstack, batched matmuls)
 block      one TransformerBlock and its parts, forward and forward + backward
 model      the whole ViT-S/16: inference and training-step images/s, peak RSS
 
@@ -16,10 +17,15 @@ side comparisons with the peers are benchmarks/bench.py's job.
 """
 
 import argparse
+import os
 import resource
+import sys
 import time
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from runner import keras_loss_and_optimizer  # noqa: E402
 
 BATCH, DIM, HEADS, MLP_DIM = 8, 384, 6, 1536
 
@@ -110,8 +116,8 @@ def _attention_variants():
         return ops.dot_product_attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2])
 
     return {
-        "einsum (keras_vit)": einsum,
-        "transpose + matmul": transpose_matmul,
+        "transpose + matmul (ours)": transpose_matmul,
+        "einsum (before)": einsum,
         "ops.dot_product_attention": dot_product_attention,
     }
 
@@ -134,7 +140,7 @@ def bench_attention(tokens):
 
     qkv = tf.random.normal((BATCH, tokens, 3, HEADS, DIM // HEADS))
     variants = _attention_variants()
-    reference = variants["einsum (keras_vit)"](qkv).numpy()
+    reference = variants["einsum (before)"](qkv).numpy()
     print("attention core: forward ms / forward + backward ms")
     for name, function in variants.items():
         np.testing.assert_allclose(function(qkv).numpy(), reference, atol=1e-4)
@@ -179,17 +185,12 @@ def bench_block(tokens):
 
 
 def bench_model(tokens):
-    import keras
-
     import keras_vit
 
     side = int(round((tokens - 1) ** 0.5)) * 16
     model = keras_vit.ViT_S16(image_size=side)
-    model.compile(
-        optimizer=keras.optimizers.AdamW(1e-4, weight_decay=0.05),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        jit_compile=True,
-    )
+    optimizer, loss = keras_loss_and_optimizer()  # the same as bench.py's contenders
+    model.compile(optimizer=optimizer, loss=loss, jit_compile=True)
     rng = np.random.default_rng(0)
     images = rng.uniform(-1, 1, (BATCH, side, side, 3)).astype("float32")
     labels = rng.integers(0, 1000, (BATCH,)).astype("int32")
