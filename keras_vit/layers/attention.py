@@ -94,8 +94,8 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         # slower on CPUs). One transpose then gives (3, batch, heads, tokens,
         # head_dim), unstacked into query, key and value: batched matrix products
         # on that layout, and an unstack (not three slices) for the backward
-        # pass, halve the attention's backward time without XLA (see
-        # benchmarks/micro.py attention).
+        # pass, halve the attention core's forward + backward time without XLA
+        # (see benchmarks/micro.py attention).
         qkv = self.qkv(ops.reshape(inputs, (-1, self.hidden_dim)))
         qkv = ops.reshape(qkv, (-1, inputs.shape[1], 3, self.num_heads, self.head_dim))
         query, key, value = ops.unstack(ops.transpose(qkv, (2, 0, 3, 1, 4)), num=3, axis=0)
