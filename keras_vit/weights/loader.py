@@ -4,7 +4,7 @@ import logging
 
 import numpy as np
 
-from keras_vit.weights.mapping import MAPPERS
+from keras_vit.weights.mapping import MAPPERS, checked_pair
 from keras_vit.weights.readers import detect_format, read_checkpoint
 from keras_vit.weights.resize import resize_position_embedding
 
@@ -76,7 +76,7 @@ def load_weights(model, path, source_grid=None, resize_method=None):
     if encoder.class_token:
         if "class_token" in special:
             array, key = special["class_token"]
-            pairs.append(_checked(encoder.cls_token, array, key))
+            pairs.append(checked_pair(encoder.cls_token, array, key))
         else:
             missing.append(f"class token (model weight {encoder.cls_token.path})")
     elif "class_token" in special:
@@ -108,7 +108,7 @@ def load_weights(model, path, source_grid=None, resize_method=None):
         # is reported as unused below.
         if ckpt_prefix > encoder.num_prefix_tokens:
             resized = resized[:, ckpt_prefix - encoder.num_prefix_tokens :]
-        pairs.append(_checked(encoder.position_embedding, resized, key))
+        pairs.append(checked_pair(encoder.position_embedding, resized, key))
     # Pre-logits and head.
     pre_logits, head = _layer(model, "pre_logits"), _layer(model, "head")
     head_ok = True
@@ -117,8 +117,8 @@ def load_weights(model, path, source_grid=None, resize_method=None):
             missing.append(f"pre_logits (model weight {pre_logits.kernel.path})")
         else:
             kernel, bias, key = special["pre_logits"]
-            pairs.append(_checked(pre_logits.kernel, kernel, key))
-            pairs.append(_checked(pre_logits.bias, bias, key.replace("kernel", "bias")))
+            pairs.append(checked_pair(pre_logits.kernel, kernel, key))
+            pairs.append(checked_pair(pre_logits.bias, bias, key.replace("kernel", "bias")))
             report["pre_logits"] = "loaded"
     elif "pre_logits" in special:
         report["pre_logits"] = "dropped"
@@ -133,8 +133,8 @@ def load_weights(model, path, source_grid=None, resize_method=None):
             and tuple(special["head"][0].shape) == tuple(head.kernel.shape)
         ):
             kernel, bias, key = special["head"]
-            pairs.append(_checked(head.kernel, kernel, key))
-            pairs.append(_checked(head.bias, bias, key.replace("kernel", "bias")))
+            pairs.append(checked_pair(head.kernel, kernel, key))
+            pairs.append(checked_pair(head.bias, bias, key.replace("kernel", "bias")))
             report["head"] = "loaded"
         else:
             report["head"] = "reset"
@@ -168,14 +168,3 @@ def load_weights(model, path, source_grid=None, resize_method=None):
     for variable, array, _ in pairs:
         variable.assign(array.astype(variable.dtype))
     return report
-
-
-def _checked(variable, array, key):
-    array = np.asarray(array)
-    if tuple(array.shape) != tuple(variable.shape):
-        raise ValueError(
-            f"Shape mismatch for checkpoint key '{key}' -> model weight '{variable.path}': "
-            f"the checkpoint has {tuple(array.shape)}, the model expects "
-            f"{tuple(variable.shape)}."
-        )
-    return (variable, array, key)

@@ -43,17 +43,21 @@ class Source:
         return array
 
 
-def _put(pairs, variable, array, key):
-    if array is None:
-        return
+def checked_pair(variable, array, key):
+    """(variable, array, key), or a ValueError naming both when the shapes differ."""
     array = np.asarray(array)
     if tuple(array.shape) != tuple(variable.shape):
         raise ValueError(
             f"Shape mismatch for checkpoint key '{key}' -> model weight '{variable.path}': "
-            f"the checkpoint gives {tuple(array.shape)}, the model expects "
+            f"the checkpoint has {tuple(array.shape)}, the model expects "
             f"{tuple(variable.shape)}."
         )
-    pairs.append((variable, array, key))
+    return (variable, array, key)
+
+
+def _put(pairs, variable, array, key):
+    if array is not None:
+        pairs.append(checked_pair(variable, array, key))
 
 
 def _blocks(model):
