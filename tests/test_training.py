@@ -102,6 +102,39 @@ def test_compile_model_uses_xla_by_default(tiny_config):
     assert model.jit_compile is False
 
 
+def test_compile_model_builds_optimizer_slots_before_the_first_step(tiny_config):
+    import keras_vit
+
+    model = keras_vit.VisionTransformer(**tiny_config)
+    training.compile_model(model, total_steps=10, jit_compile=False)
+    assert model.optimizer.built
+    slots = {id(v) for v in model.optimizer.variables}
+    # One first and second moment per trainable variable, created before any step.
+    assert len(model.optimizer.variables) >= 2 * len(model.trainable_variables)
+    size = tiny_config["image_size"]
+    images = np.zeros((2, size, size, 3), "float32")
+    labels = keras.utils.to_categorical([0, 1], tiny_config["num_classes"])
+    model.predict_on_batch(images)
+    model.train_on_batch(images, labels)
+    assert {id(v) for v in model.optimizer.variables} == slots  # the same slots trained
+
+
+def test_compile_model_leaves_an_unbuilt_model_to_keras():
+    class Unbuilt(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.dense = keras.layers.Dense(3)
+
+        def call(self, inputs):
+            return self.dense(inputs)
+
+    model = Unbuilt()
+    training.compile_model(model, total_steps=4, jit_compile=False)
+    assert not model.optimizer.built
+    model.train_on_batch(np.zeros((2, 5), "float32"), np.eye(3, dtype="float32")[[0, 1]])
+    assert model.optimizer.built
+
+
 def test_scaled_learning_rate():
     assert training.scaled_learning_rate(4e-3, 64) == pytest.approx(1e-3)
 
