@@ -123,9 +123,7 @@ def compile_model(
         metrics=[keras.metrics.CategoricalAccuracy(name="accuracy")],
         jit_compile=jit_compile,
     )
-    if keras.backend.backend() == "tensorflow" and _in_multi_worker_mode(
-        model.distribute_strategy
-    ):
+    if keras.backend.backend() == "tensorflow" and _in_multi_worker_mode(model.distribute_strategy):
         _prepare_multi_worker(model)
     else:
         build_optimizer_state(model)
