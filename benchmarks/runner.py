@@ -73,19 +73,18 @@ def build_keras_vit(arch, image_size, options):
     except ImportError as error:  # pragma: no cover - only outside the repo
         raise Skip(f"keras_vit not importable: {error}") from error
     patch, dim, mlp, heads, layers = arch
-    # Gradient checkpointing of whole blocks: Keras' RematScope, given at construction.
+    # Gradient checkpointing of every block: VisionTransformer(remat=True).
     remat = options.get("remat", "0") == "1"
-    names = [f"transformer_block_{i}" for i in range(layers)] if remat else []
-    with keras.RematScope(mode="list_of_layers" if remat else None, layer_names=names):
-        model = keras_vit.VisionTransformer(
-            image_size=image_size,
-            patch_size=patch,
-            num_layers=layers,
-            num_heads=heads,
-            hidden_dim=dim,
-            mlp_dim=mlp,
-            num_classes=NUM_CLASSES,
-        )
+    model = keras_vit.VisionTransformer(
+        image_size=image_size,
+        patch_size=patch,
+        num_layers=layers,
+        num_heads=heads,
+        hidden_dim=dim,
+        mlp_dim=mlp,
+        num_classes=NUM_CLASSES,
+        remat=remat,
+    )
     jit = options.get("jit", "1") == "1"
     optimizer, loss = keras_loss_and_optimizer()
     model.compile(optimizer=optimizer, loss=loss, jit_compile=jit)

@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import time
+import zipfile
 
 import numpy as np
 import pytest
@@ -104,10 +105,15 @@ def test_train_writes_outputs_then_evaluate_and_predict(npz, tmp_path):
     from PIL import Image
 
     out = str(tmp_path / "run")
-    result = _cli("train", "--data", npz, *TINY, "--epochs", "1", "--output", out)
+    # --remat: the checkpointed blocks also save, export and reload.
+    result = _cli("train", "--data", npz, *TINY, "--epochs", "1", "--output", out, "--remat")
     assert result.returncode == 0, result.stderr[-2000:]
     for name in ("model.keras", "saved_model", "history.csv", "history.json", "curves.png"):
         assert os.path.exists(os.path.join(out, name)), name
+    with open(os.path.join(out, "run.json")) as file:
+        assert json.load(file)["args"]["remat"] is True
+    with zipfile.ZipFile(os.path.join(out, "model.keras")) as archive:
+        assert '"remat": true' in archive.read("config.json").decode()
     with open(os.path.join(out, "classes.json")) as file:
         assert json.load(file) == ["0", "1", "2"]
     assert "Final validation accuracy" in result.stdout

@@ -30,13 +30,17 @@ def one_sgd_step(model, images, labels, jit_compile):
     return loss, [np.array(w) for w in model.weights]
 
 
+@pytest.mark.parametrize("how", ["argument", "scope"])
 @pytest.mark.parametrize("jit_compile", [False, True])
-def test_remat_blocks_train_like_plain_blocks(tiny_config, images, jit_compile):
+def test_remat_blocks_train_like_plain_blocks(tiny_config, images, jit_compile, how):
     labels = np.array([1, 7])
     plain = keras_vit.VisionTransformer(**tiny_config)
-    names = [f"transformer_block_{i}" for i in range(tiny_config["num_layers"])]
-    with keras.RematScope(mode="list_of_layers", layer_names=names):
-        remat = keras_vit.VisionTransformer(**tiny_config)
+    if how == "argument":
+        remat = keras_vit.VisionTransformer(**tiny_config, remat=True)
+    else:
+        names = [f"transformer_block_{i}" for i in range(tiny_config["num_layers"])]
+        with keras.RematScope(mode="list_of_layers", layer_names=names):
+            remat = keras_vit.VisionTransformer(**tiny_config)
     # The head starts at zero (the original init), which would stop every gradient
     # below it on the first step; give it random values.
     head = plain.get_layer("head")
@@ -63,6 +67,28 @@ def test_remat_mode_is_only_on_the_named_blocks(tiny_config):
     assert block.rematerialized_call(block.call) is not block.call
     other = model.get_layer("transformer_block_0")
     assert other.rematerialized_call(other.call) == other.call
+
+
+def test_remat_argument_recomputes_in_training_only_and_is_saved(tiny_config, monkeypatch):
+    model = keras_vit.VisionTransformer(**tiny_config, remat=True)
+    block = model.get_layer("transformer_block_0")
+    assert block.get_config()["remat"] is True
+    assert keras_vit.layers.TransformerBlock.from_config(block.get_config()).remat is True
+    calls = []
+    original = keras.remat
+
+    def counting(function):
+        calls.append(function)
+        return original(function)
+
+    monkeypatch.setattr(keras, "remat", counting)
+    inputs = np.zeros((1, 5, tiny_config["hidden_dim"]), "float32")
+    block(inputs, training=False)
+    assert not calls
+    block(inputs, training=True)
+    assert len(calls) == 1
+    with pytest.raises(ValueError, match="remat"):
+        keras_vit.VisionTransformer(**tiny_config, remat="yes")
 
 
 @pytest.mark.parametrize(

@@ -45,6 +45,7 @@ STORED = (
     "dropout",
     "backup_steps",
     "jit_compile",
+    "remat",
     "skip_corrupt",
 )
 
@@ -157,6 +158,11 @@ def add_arguments(parser):
         default="auto",
         help="XLA-compile the train step (auto: yes on one device, no with several replicas)",
     )
+    parser.add_argument(
+        "--remat",
+        action="store_true",
+        help="gradient checkpointing of every block: less memory, about 20%% slower",
+    )
     parser.add_argument("--tensorboard", action="store_true", help="TensorBoard logs in logs/")
     parser.add_argument(
         "--skip-corrupt", action="store_true", help="folder data: skip unreadable images"
@@ -225,7 +231,7 @@ def _write_run_file(args, completed, extra=None):
     os.replace(path + ".tmp", path)
 
 
-def build_model(name, image_size, num_classes, num_channels=3, dropout=0.0):
+def build_model(name, image_size, num_classes, num_channels=3, dropout=0.0, remat=False):
     import keras_vit
 
     if name in PRESETS:
@@ -234,6 +240,7 @@ def build_model(name, image_size, num_classes, num_channels=3, dropout=0.0):
             num_classes=num_classes,
             num_channels=num_channels,
             dropout_rate=dropout,
+            remat=remat,
             **PRESETS[name],
         )
     return getattr(keras_vit, name)(
@@ -241,6 +248,7 @@ def build_model(name, image_size, num_classes, num_channels=3, dropout=0.0):
         num_classes=num_classes,
         num_channels=num_channels,
         dropout_rate=dropout,
+        remat=remat,
     )
 
 
@@ -332,7 +340,9 @@ def train(args):
     lr = training.scaled_learning_rate(args.lr, args.batch_size)
 
     with strategy.scope():
-        model = build_model(args.model, args.image_size, data.num_classes, channels, args.dropout)
+        model = build_model(
+            args.model, args.image_size, data.num_classes, channels, args.dropout, args.remat
+        )
         if args.weights:
             _load_weights(model, args.weights)
         training.compile_model(

@@ -188,6 +188,10 @@ class TransformerBlock(keras.layers.Layer):
             query, the output projection and the MLP run for one token. The
             last block of a class-token model needs nothing more, and skips
             most of its work. The first token's output is unchanged.
+        remat: gradient checkpointing: in training, keep only the block's
+            input and recompute its activations in the backward pass. Same
+            numbers, less memory, about a third more compute per block. Saved
+            in the config, unlike `keras.RematScope`.
 
     Call arguments:
         inputs: a (batch, tokens, hidden_dim) tensor.
@@ -214,6 +218,7 @@ class TransformerBlock(keras.layers.Layer):
         drop_path_rate=0.0,
         approximate_gelu=False,
         first_token_only=False,
+        remat=False,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -224,6 +229,9 @@ class TransformerBlock(keras.layers.Layer):
         self.drop_path_rate = check_rate("drop_path_rate", drop_path_rate)
         self.approximate_gelu = bool(approximate_gelu)
         self.first_token_only = bool(first_token_only)
+        if not isinstance(remat, bool):
+            raise ValueError(f"`remat` must be True or False. Received: remat={remat!r}")
+        self.remat = remat
         policy = self.dtype_policy
         self.norm1 = keras.layers.LayerNormalization(
             epsilon=LAYER_NORM_EPSILON, dtype=policy, name="norm1"
@@ -260,6 +268,11 @@ class TransformerBlock(keras.layers.Layer):
     def call(self, inputs, training=None, first_token_only=None):
         if first_token_only is None:
             first_token_only = self.first_token_only
+        if self.remat and training:
+            return keras.remat(lambda x: self._forward(x, training, first_token_only))(inputs)
+        return self._forward(inputs, training, first_token_only)
+
+    def _forward(self, inputs, training, first_token_only):
         num_queries = 1 if first_token_only else None
         x = self.attention(self.norm1(inputs), training=training, num_queries=num_queries)
         shortcut = inputs[:, :1] if first_token_only else inputs
@@ -273,7 +286,7 @@ class TransformerBlock(keras.layers.Layer):
         # storing its activations. TensorFlow's recompute_grad takes positional
         # tensors only, so the `training` flag is bound before rematerializing.
         wrapped = super().rematerialized_call(layer_call, *args, **kwargs)
-        if wrapped is layer_call:
+        if wrapped is layer_call or self.remat:  # with `remat`, call() already recomputes
             return layer_call
 
         def call(inputs, training=None, **kwargs):
@@ -304,4 +317,5 @@ class TransformerBlock(keras.layers.Layer):
             "drop_path_rate": self.drop_path_rate,
             "approximate_gelu": self.approximate_gelu,
             "first_token_only": self.first_token_only,
+            "remat": self.remat,
         }
