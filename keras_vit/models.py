@@ -5,7 +5,7 @@ import os
 
 import keras
 
-from keras_vit.layers import PatchEncoder, TokenPooling, TransformerBlock
+from keras_vit.layers import LayerNorm, PatchEncoder, TokenPooling, TransformerBlock
 from keras_vit.layers._checks import as_pair, one_of, positive_int
 from keras_vit.layers._checks import rate as check_rate
 from keras_vit.layers.pooling import POOLINGS
@@ -216,9 +216,7 @@ def VisionTransformer(
             dtype=dtype,
             name=f"transformer_block_{index}",
         )(x)
-    x = keras.layers.LayerNormalization(
-        epsilon=LAYER_NORM_EPSILON, dtype=outer_dtype, name="encoder_norm"
-    )(x)
+    x = LayerNorm(epsilon=LAYER_NORM_EPSILON, dtype=outer_dtype, name="encoder_norm")(x)
     x = TokenPooling(pooling, dtype=outer_dtype, name="pooling")(x)
     if representation_size is not None:
         x = keras.layers.Dense(

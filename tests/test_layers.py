@@ -138,6 +138,90 @@ def test_patch_encoder_rejects_wrong_channels_and_grid():
         layers.PatchEncoder(8, hidden_dim=8, class_token="yes")
 
 
+# LayerNorm -------------------------------------------------------------------
+
+
+def _layer_norm_inputs(shape):
+    x = RNG.normal(0, 2, shape).astype("float32") + 3.0
+    # Rows of tiny variance, where the epsilon decides the result.
+    x.reshape(-1, shape[-1])[::2] *= 1e-3
+    return x
+
+
+def _perturbed_layer_norm(width):
+    layer = layers.LayerNorm(epsilon=1e-6)
+    layer.build((None, width))
+    layer.gamma.assign(RNG.normal(1, 0.5, width).astype("float32"))
+    layer.beta.assign(RNG.normal(0, 0.5, width).astype("float32"))
+    return layer
+
+
+@pytest.mark.parametrize("shape", [(2, 5, 24), (7, 24)])
+def test_layer_norm_matches_numpy(shape):
+    layer = _perturbed_layer_norm(shape[-1])
+    x = _layer_norm_inputs(shape)
+    expected = np_layer_norm(x, to_numpy(layer.gamma), to_numpy(layer.beta))
+    for training in (False, True):
+        np.testing.assert_allclose(
+            to_numpy(layer(x, training=training)), expected, rtol=1e-4, atol=1e-5
+        )
+    assert_round_trip(layer, x)
+
+
+@pytest.mark.tensorflow_only
+@pytest.mark.parametrize("shape", [(2, 5, 24), (7, 24)])
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_layer_norm_fused_graph_matches_numpy_and_its_gradient(shape, jit_compile):
+    import tensorflow as tf
+
+    layer = _perturbed_layer_norm(shape[-1])
+    x = tf.constant(_layer_norm_inputs(shape))
+    weights = tf.constant(RNG.normal(0, 1, shape).astype("float32"))
+
+    def value_and_gradient(training):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = layer(x, training=training)
+            loss = tf.reduce_sum(y * weights)
+        return y, tape.gradient(loss, x)
+
+    graph = tf.function(value_and_gradient, jit_compile=jit_compile)
+    expected = np_layer_norm(x.numpy(), layer.gamma.numpy(), layer.beta.numpy())
+    fused, fused_gradient = graph(False)
+    _, keras_gradient = graph(True)  # training: Keras' own ops
+    np.testing.assert_allclose(fused.numpy(), expected, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(fused_gradient.numpy(), keras_gradient.numpy(), rtol=1e-3, atol=1e-2)
+
+    # The inference graph holds the batch-norm form that oneDNN fuses; training does not.
+    def ops_of(training):
+        function = tf.function(lambda v: layer(v, training=training))
+        return {op.type for op in function.get_concrete_function(x).graph.get_operations()}
+
+    assert "FusedBatchNormV3" in ops_of(False)
+    assert "FusedBatchNormV3" not in ops_of(True)
+
+
+@pytest.mark.tensorflow_only
+def test_layer_norm_fused_graph_keeps_mixed_precision_dtypes():
+    import tensorflow as tf
+
+    layer = layers.LayerNorm(epsilon=1e-6, dtype="mixed_bfloat16")
+    x = _layer_norm_inputs((2, 3, 8)).astype("float32")
+    y = tf.function(lambda v: layer(tf.cast(v, "bfloat16"), training=False))(x)
+    assert y.dtype == tf.bfloat16
+    np.testing.assert_allclose(
+        y.numpy().astype("float32"), np_layer_norm(x, 1.0, 0.0), rtol=2e-2, atol=2e-2
+    )
+
+
+def test_layer_norm_other_axes_and_options_are_keras_layer():
+    x = RNG.normal(0, 1, (2, 3, 4)).astype("float32")
+    for kwargs in (dict(axis=1), dict(center=False, scale=False)):
+        ours = layers.LayerNorm(epsilon=1e-6, **kwargs)
+        reference = keras.layers.LayerNormalization(epsilon=1e-6, **kwargs)
+        np.testing.assert_allclose(to_numpy(ours(x)), to_numpy(reference(x)), rtol=1e-6, atol=1e-6)
+
+
 # Attention, MLP, DropPath, TransformerBlock ---------------------------------
 
 

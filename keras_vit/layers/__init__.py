@@ -2,6 +2,7 @@
 
 from keras_vit.layers.attention import MultiHeadSelfAttention
 from keras_vit.layers.encoder import PatchEncoder
+from keras_vit.layers.normalization import LayerNorm
 from keras_vit.layers.patches import Patches, PatchGrid
 from keras_vit.layers.pooling import TokenPooling
 from keras_vit.layers.resnet import BottleneckUnit, GroupNorm, ResNetStage, ResNetStem, StdConv
@@ -12,6 +13,7 @@ __all__ = [
     "MLP",
     "DropPath",
     "GroupNorm",
+    "LayerNorm",
     "MultiHeadSelfAttention",
     "PatchEncoder",
     "PatchGrid",

@@ -8,6 +8,7 @@ from keras import ops
 from keras_vit.layers._checks import positive_int
 from keras_vit.layers._checks import rate as check_rate
 from keras_vit.layers.attention import MultiHeadSelfAttention
+from keras_vit.layers.normalization import LayerNorm
 
 LAYER_NORM_EPSILON = 1e-6
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
@@ -233,9 +234,7 @@ class TransformerBlock(keras.layers.Layer):
             raise ValueError(f"`remat` must be True or False. Received: remat={remat!r}")
         self.remat = remat
         policy = self.dtype_policy
-        self.norm1 = keras.layers.LayerNormalization(
-            epsilon=LAYER_NORM_EPSILON, dtype=policy, name="norm1"
-        )
+        self.norm1 = LayerNorm(epsilon=LAYER_NORM_EPSILON, dtype=policy, name="norm1")
         self.attention = MultiHeadSelfAttention(
             self.num_heads,
             attention_dropout_rate=self.attention_dropout_rate,
@@ -243,9 +242,7 @@ class TransformerBlock(keras.layers.Layer):
             dtype=policy,
             name="attention",
         )
-        self.norm2 = keras.layers.LayerNormalization(
-            epsilon=LAYER_NORM_EPSILON, dtype=policy, name="norm2"
-        )
+        self.norm2 = LayerNorm(epsilon=LAYER_NORM_EPSILON, dtype=policy, name="norm2")
         self.mlp = MLP(
             self.mlp_dim,
             dropout_rate=self.dropout_rate,
