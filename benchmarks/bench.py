@@ -50,11 +50,18 @@ from runner import ARCHITECTURES, NUM_CLASSES  # noqa: E402
 
 # Display name -> (runner contender, extra environment, runner options).
 CONTENDERS = {
-    "keras_vit": ("keras_vit", {"KERAS_BACKEND": "tensorflow"}, {"jit": "1"}),
+    # As keras_vit.training.compile_model compiles by default: XLA for the train
+    # step; predict in graph mode on a machine without GPU/TPU.
+    "keras_vit": ("keras_vit", {"KERAS_BACKEND": "tensorflow"}, {"jit": "auto"}),
+    "keras_vit[xla]": ("keras_vit", {"KERAS_BACKEND": "tensorflow"}, {"jit": "1"}),
     "keras_vit[jax]": ("keras_vit", {"KERAS_BACKEND": "jax"}, {"jit": "1"}),
     "keras_vit[no-xla]": ("keras_vit", {"KERAS_BACKEND": "tensorflow"}, {"jit": "0"}),
-    # Gradient checkpointing of every block (keras.RematScope): memory for compute.
-    "keras_vit[remat]": ("keras_vit", {"KERAS_BACKEND": "tensorflow"}, {"jit": "1", "remat": "1"}),
+    # Gradient checkpointing of every block (VisionTransformer(remat=True)).
+    "keras_vit[remat]": (
+        "keras_vit",
+        {"KERAS_BACKEND": "tensorflow"},
+        {"jit": "auto", "remat": "1"},
+    ),
     "keras_vit[remat-no-xla]": (
         "keras_vit",
         {"KERAS_BACKEND": "tensorflow"},

@@ -85,11 +85,24 @@ def build_keras_vit(arch, image_size, options):
         num_classes=NUM_CLASSES,
         remat=remat,
     )
-    jit = options.get("jit", "1") == "1"
+    # "auto": as keras_vit.training.compile_model compiles by default: XLA for the
+    # train step; on a TensorFlow machine without GPU/TPU, predict in graph mode.
+    jit = options.get("jit", "auto")
     optimizer, loss = keras_loss_and_optimizer()
-    model.compile(optimizer=optimizer, loss=loss, jit_compile=jit)
-    description = f"keras {keras.__version__} ({keras.backend.backend()}), jit_compile={jit}"
+    model.compile(optimizer=optimizer, loss=loss, jit_compile=jit != "0")
+    description = f"keras {keras.__version__} ({keras.backend.backend()}), "
+    if jit == "auto" and keras.backend.backend() == "tensorflow" and _cpu_only():
+        keras_vit.training.inference_without_xla(model)
+        description += "XLA training, graph-mode inference"
+    else:
+        description += f"jit_compile={jit != '0'}"
     return model, description + (", remat of every block" if remat else "")
+
+
+def _cpu_only():
+    import tensorflow as tf
+
+    return not (tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("TPU"))
 
 
 def build_keras_hub(arch, image_size, options):

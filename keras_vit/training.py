@@ -112,7 +112,12 @@ def compile_model(
     CPUs too, where XLA trains ViT-S/16 about 8% faster than TensorFlow's graph
     mode and the digits model of `keras-vit train` 2.5x faster (docs/performance.md).
     It stays off under a tf.distribute strategy with several replicas, as in Keras.
+    On a TensorFlow machine without GPU or TPU, "auto" leaves `predict` and
+    `evaluate` to TensorFlow's graph mode: its oneDNN kernels (with the fused
+    layer norm of `keras_vit.layers.LayerNorm`) run ViT-S/16 inference about
+    10% faster than XLA on CPUs. `jit_compile=True` compiles all three.
     """
+    graph_inference = jit_compile == "auto" and _cpu_only_tensorflow()
     jit_compile = resolve_jit_compile(jit_compile)
     if warmup_steps is None:
         warmup_steps = max(1, total_steps // 10)
@@ -127,7 +132,41 @@ def compile_model(
         _prepare_multi_worker(model)
     else:
         build_optimizer_state(model)
+    inference_without_xla(model, jit_compile and graph_inference)
     return model
+
+
+def _cpu_only_tensorflow():
+    if keras.backend.backend() != "tensorflow":
+        return False
+    import tensorflow as tf
+
+    return not (tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("TPU"))
+
+
+def inference_without_xla(model, enabled=True):
+    """Makes a compiled `model` predict and evaluate without XLA; training keeps it.
+
+    `compile_model(jit_compile="auto")` does this on TensorFlow machines
+    without GPU or TPU. Call it again after each `model.compile`. With
+    `enabled=False` it undoes it: the model's `jit_compile` applies to all.
+    """
+    for name in ("make_predict_function", "make_test_function"):
+        vars(model).pop(name, None)
+        if not enabled:
+            continue
+        make = getattr(type(model), name)
+
+        def make_without_xla(force=False, _make=make):
+            jit_compile = model.jit_compile
+            model.jit_compile = False
+            try:
+                return _make(model, force=force)
+            finally:
+                model.jit_compile = jit_compile
+
+        setattr(model, name, make_without_xla)
+    model.predict_function = model.test_function = None
 
 
 def build_optimizer_state(model):

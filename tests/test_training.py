@@ -102,6 +102,49 @@ def test_compile_model_uses_xla_by_default(tiny_config):
     assert model.jit_compile is False
 
 
+def _xla_requests(monkeypatch, make_function):
+    """The jit_compile values passed to tf.function while `make_function` runs."""
+    import tensorflow as tf
+
+    requests = []
+    original = tf.function
+
+    def spy(*args, **kwargs):
+        requests.append(bool(kwargs.get("jit_compile")))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(tf, "function", spy)
+    make_function(force=True)
+    monkeypatch.setattr(tf, "function", original)
+    return requests
+
+
+def test_compile_model_auto_leaves_inference_to_graph_mode_on_cpus(tiny_config, monkeypatch):
+    import keras_vit
+
+    model = keras_vit.VisionTransformer(**tiny_config)
+    training.compile_model(model, total_steps=10)
+    assert model.jit_compile is True
+    assert any(_xla_requests(monkeypatch, model.make_train_function))
+    assert not any(_xla_requests(monkeypatch, model.make_predict_function))
+    assert not any(_xla_requests(monkeypatch, model.make_test_function))
+    assert model.jit_compile is True
+    # jit_compile=True compiles inference too.
+    training.compile_model(model, total_steps=10, jit_compile=True)
+    assert any(_xla_requests(monkeypatch, model.make_predict_function))
+    assert any(_xla_requests(monkeypatch, model.make_test_function))
+    # Both kinds of function still run and agree.
+    size = tiny_config["image_size"]
+    images = np.random.default_rng(0).uniform(-1, 1, (2, size, size, 3)).astype("float32")
+    labels = keras.utils.to_categorical([0, 1], tiny_config["num_classes"])
+    model.layers[-1].kernel.assign(np.full(model.layers[-1].kernel.shape, 0.1, "float32"))
+    with_xla = model.predict_on_batch(images)
+    training.compile_model(model, total_steps=10)
+    np.testing.assert_allclose(model.predict_on_batch(images), with_xla, rtol=1e-4, atol=1e-5)
+    model.train_on_batch(images, labels)
+    assert np.isfinite(model.test_on_batch(images, labels)).all()
+
+
 def test_compile_model_builds_optimizer_slots_before_the_first_step(tiny_config):
     import keras_vit
 
