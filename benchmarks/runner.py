@@ -91,18 +91,12 @@ def build_keras_vit(arch, image_size, options):
     optimizer, loss = keras_loss_and_optimizer()
     model.compile(optimizer=optimizer, loss=loss, jit_compile=jit != "0")
     description = f"keras {keras.__version__} ({keras.backend.backend()}), "
-    if jit == "auto" and keras.backend.backend() == "tensorflow" and _cpu_only():
+    if jit == "auto" and keras_vit.training.cpu_only_tensorflow():
         keras_vit.training.inference_without_xla(model)
         description += "XLA training, graph-mode inference"
     else:
         description += f"jit_compile={jit != '0'}"
     return model, description + (", remat of every block" if remat else "")
-
-
-def _cpu_only():
-    import tensorflow as tf
-
-    return not (tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("TPU"))
 
 
 def build_keras_hub(arch, image_size, options):

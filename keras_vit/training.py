@@ -117,7 +117,7 @@ def compile_model(
     layer norm of `keras_vit.layers.LayerNorm`) run ViT-S/16 inference about
     10% faster than XLA on CPUs. `jit_compile=True` compiles all three.
     """
-    graph_inference = jit_compile == "auto" and _cpu_only_tensorflow()
+    graph_inference = jit_compile == "auto" and cpu_only_tensorflow()
     jit_compile = resolve_jit_compile(jit_compile)
     if warmup_steps is None:
         warmup_steps = max(1, total_steps // 10)
@@ -136,7 +136,8 @@ def compile_model(
     return model
 
 
-def _cpu_only_tensorflow():
+def cpu_only_tensorflow():
+    """True on the TensorFlow backend when no GPU or TPU is visible."""
     if keras.backend.backend() != "tensorflow":
         return False
     import tensorflow as tf
@@ -151,6 +152,8 @@ def inference_without_xla(model, enabled=True):
     without GPU or TPU. Call it again after each `model.compile`. With
     `enabled=False` it undoes it: the model's `jit_compile` applies to all.
     """
+    if not isinstance(model, keras.Model):
+        raise ValueError(f"`model` must be a keras.Model. Received: model={model!r}")
     for name in ("make_predict_function", "make_test_function"):
         vars(model).pop(name, None)
         if not enabled:

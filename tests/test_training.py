@@ -143,6 +143,8 @@ def test_compile_model_auto_leaves_inference_to_graph_mode_on_cpus(tiny_config, 
     np.testing.assert_allclose(model.predict_on_batch(images), with_xla, rtol=1e-4, atol=1e-5)
     model.train_on_batch(images, labels)
     assert np.isfinite(model.test_on_batch(images, labels)).all()
+    with pytest.raises(ValueError, match="keras.Model"):
+        training.inference_without_xla("model.keras")
 
 
 def test_compile_model_builds_optimizer_slots_before_the_first_step(tiny_config):
