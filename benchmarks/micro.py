@@ -6,8 +6,8 @@
 
 gemm       float32 matrix products at the model's shapes: TensorFlow (oneDNN), XLA, NumPy
 mlp        the MLP on (batch, tokens, D) against (batch * tokens, D) rows, graph and XLA
-attention  the attention core (softmax(q k^T) v) written three ways, forward and backward
-           (keras_vit's: one transpose, unstack, batched matmuls)
+attention  the attention core (softmax(q k^T) v) written four ways, forward and backward
+           (keras_vit's: one transpose, unstack, einsums, a hand-written backward pass)
 block      one TransformerBlock and its parts, forward and forward + backward
 model      the whole ViT-S/16: inference and training-step images/s, peak RSS
 
@@ -112,11 +112,19 @@ def _attention_variants():
         weights = ops.softmax(ops.matmul(query * scale, ops.swapaxes(key, -1, -2)), axis=-1)
         return ops.transpose(ops.matmul(weights, value), (0, 2, 1, 3))
 
+    def custom_backward(qkv):
+        from keras_vit.layers.attention import _attention_core
+
+        query, key, value = ops.unstack(ops.transpose(qkv, (2, 0, 3, 1, 4)), axis=0)
+        scale = query.shape[-1] ** -0.5
+        return _attention_core(query * scale, key, value)
+
     def dot_product_attention(qkv):
         return ops.dot_product_attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2])
 
     return {
-        "transpose + matmul (ours)": transpose_matmul,
+        "hand-written backward (ours)": custom_backward,
+        "transpose + matmul (before)": transpose_matmul,
         "einsum (before)": einsum,
         "ops.dot_product_attention": dot_product_attention,
     }

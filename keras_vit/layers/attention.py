@@ -16,6 +16,43 @@ def qkv_initializer():
     return keras.initializers.VarianceScaling(scale=2.0, mode="fan_avg", distribution="uniform")
 
 
+def _attention_core(query, key, value):
+    """softmax(query key^T) value, with a hand-written backward pass.
+
+    `query` comes scaled; all three are (batch, heads, tokens, head_dim); the
+    output is (batch, query tokens, heads, head_dim), the layout the output
+    projection reads. The softmax runs in float32. The backward pass keeps the
+    weights P and the output O and uses the identity
+    sum_k P * dP = sum_d dO * O for the softmax's row term: a reduction over
+    head_dim instead of over the (tokens x tokens) weights, which automatic
+    differentiation reads and writes twice more. With XLA on CPU the core's
+    forward + backward is ~5% faster at 197 and 577 tokens, and a ViT-S/16
+    384 training step ~4% faster, for ~2% more peak memory (O is kept).
+    """
+
+    @ops.custom_gradient
+    def core(query, key, value):
+        logits = ops.einsum("bhqd,bhkd->bhqk", query, key)
+        weights = ops.softmax(ops.cast(logits, "float32"), axis=-1)
+        outputs = ops.einsum("bhqk,bhkd->bqhd", ops.cast(weights, value.dtype), value)
+
+        def grad(*args, upstream=None):
+            if upstream is None:
+                (upstream,) = args
+            d_value = ops.einsum("bhqk,bqhd->bhkd", ops.cast(weights, upstream.dtype), upstream)
+            d_weights = ops.cast(ops.einsum("bqhd,bhkd->bhqk", upstream, value), "float32")
+            row = ops.sum(ops.cast(upstream, "float32") * ops.cast(outputs, "float32"), axis=-1)
+            row = ops.expand_dims(ops.transpose(row, (0, 2, 1)), -1)  # (batch, heads, tokens, 1)
+            d_logits = ops.cast(weights * (d_weights - row), query.dtype)
+            d_query = ops.einsum("bhqk,bhkd->bhqd", d_logits, key)
+            d_key = ops.einsum("bhqk,bhqd->bhkd", d_logits, query)
+            return d_query, d_key, d_value
+
+        return outputs, grad
+
+    return core(query, key, value)
+
+
 @keras.saving.register_keras_serializable(package="keras_vit")
 class MultiHeadSelfAttention(keras.layers.Layer):
     """Multi-head scaled dot-product self-attention.
@@ -101,9 +138,14 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         query, key, value = ops.unstack(ops.transpose(qkv, (2, 0, 3, 1, 4)), num=3, axis=0)
         return query, key, value
 
+    def _scaled_query(self, query):
+        return query * ops.cast(self.head_dim**-0.5, query.dtype)
+
     def _attention_weights(self, query, key):
-        query = query * ops.cast(self.head_dim**-0.5, query.dtype)
-        logits = ops.matmul(query, ops.swapaxes(key, -1, -2))
+        # einsum, not matmul with a swapped key: the same product on TensorFlow,
+        # and on JAX it lowers to one dot_general whose backward pass takes
+        # half the time (benchmarks/micro.py attention).
+        logits = ops.einsum("bhqd,bhkd->bhqk", self._scaled_query(query), key)
         return ops.softmax(ops.cast(logits, "float32"), axis=-1)
 
     def attention_weights(self, inputs):
@@ -115,9 +157,12 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         query, key, value = self._split_heads(inputs)  # each (batch, heads, tokens, head_dim)
         if num_queries is not None:
             query = query[:, :, :num_queries]
-        weights = ops.cast(self._attention_weights(query, key), value.dtype)
-        weights = self.attention_dropout(weights, training=training)
-        x = ops.transpose(ops.matmul(weights, value), (0, 2, 1, 3))
+        if training and self.attention_dropout_rate > 0.0:
+            weights = ops.cast(self._attention_weights(query, key), value.dtype)
+            weights = self.attention_dropout(weights, training=training)
+            x = ops.einsum("bhqk,bhkd->bqhd", weights, value)
+        else:
+            x = _attention_core(self._scaled_query(query), key, value)
         x = self.output_dropout(self.proj(ops.reshape(x, (-1, self.hidden_dim))), training=training)
         return ops.reshape(x, (-1, query.shape[2], self.hidden_dim))
 
