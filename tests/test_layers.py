@@ -285,7 +285,7 @@ def test_attention_gradients_match_finite_differences_of_numpy(mode):
     perturb(layer)
     _, grads = _attention_loss_and_gradients(layer, x, upstream, mode)
     params = [to_numpy(w).astype("float64") for w in layer.trainable_variables]
-    names = [w.path.split("/")[-2] + "/" + w.path.split("/")[-1] for w in layer.trainable_variables]
+    names = ["/".join(w.path.split("/")[-2:]) for w in layer.trainable_variables]
     assert names == ["qkv/kernel", "qkv/bias", "proj/kernel", "proj/bias"]
 
     def numpy_loss(x, params):

@@ -16,6 +16,17 @@ def qkv_initializer():
     return keras.initializers.VarianceScaling(scale=2.0, mode="fan_avg", distribution="uniform")
 
 
+def _softmax_weights(query, key):
+    """softmax(query key^T) in float32 for a scaled `query`.
+
+    einsum, not matmul with a swapped key: the same product on TensorFlow, and
+    on JAX it lowers to one dot_general whose backward pass takes half the time
+    (benchmarks/micro.py attention).
+    """
+    logits = ops.einsum("bhqd,bhkd->bhqk", query, key)
+    return ops.softmax(ops.cast(logits, "float32"), axis=-1)
+
+
 def _attention_core(query, key, value):
     """softmax(query key^T) value, with a hand-written backward pass.
 
@@ -32,8 +43,7 @@ def _attention_core(query, key, value):
 
     @ops.custom_gradient
     def core(query, key, value):
-        logits = ops.einsum("bhqd,bhkd->bhqk", query, key)
-        weights = ops.softmax(ops.cast(logits, "float32"), axis=-1)
+        weights = _softmax_weights(query, key)
         outputs = ops.einsum("bhqk,bhkd->bqhd", ops.cast(weights, value.dtype), value)
 
         def grad(*args, upstream=None):
@@ -142,11 +152,7 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         return query * ops.cast(self.head_dim**-0.5, query.dtype)
 
     def _attention_weights(self, query, key):
-        # einsum, not matmul with a swapped key: the same product on TensorFlow,
-        # and on JAX it lowers to one dot_general whose backward pass takes
-        # half the time (benchmarks/micro.py attention).
-        logits = ops.einsum("bhqd,bhkd->bhqk", self._scaled_query(query), key)
-        return ops.softmax(ops.cast(logits, "float32"), axis=-1)
+        return _softmax_weights(self._scaled_query(query), key)
 
     def attention_weights(self, inputs):
         """The (batch, heads, tokens, tokens) attention weights for `inputs`."""
