@@ -22,11 +22,11 @@ contenders are split into groups that fit in the free memory (at most
 --memory-budget GB). keras_vit (TensorFlow) is in every group, and each
 peer's ratio is taken against keras_vit measured in the same rounds.
 
-The limit: the GEMM probe measures float32 matmul GFLOP/s (the faster of
-NumPy and TensorFlow on 2048x2048 matrices) in every round; divided by the
-model's FLOPs per image (forward; training counts 3x forward) it gives the
-images/s no implementation can beat, and each figure is shown as a fraction
-of it.
+The limit: the GEMM probe measures float32 matmul GFLOP/s (the fastest of
+NumPy, TensorFlow and PyTorch, where installed, on 2048x2048 matrices) in
+every round; divided by the model's FLOPs per image (forward; training
+counts 3x forward) it gives the images/s no implementation can beat, and
+each figure is shown as a fraction of it.
 
 Results: a table on stdout, benchmarks/results/bench-<UTC time>.json and .md,
 and benchmarks/results/latest.{json,md}.

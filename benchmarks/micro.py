@@ -17,6 +17,7 @@ side comparisons with the peers are benchmarks/bench.py's job.
 """
 
 import argparse
+import functools
 import os
 import resource
 import sys
@@ -58,17 +59,24 @@ def bench_gemm(tokens):
     print("gemm: GFLOP/s of (m, k) @ (k, n)")
     graph = tf.function(tf.matmul)
     xla = tf.function(tf.matmul, jit_compile=True)
-
-    def numpy_matmul(a, b):
-        return tf.constant(a.numpy() @ b.numpy())
-
+    try:  # PyTorch's CPU product (MKL on x86): the one timm's Linear layers use
+        import torch
+    except ImportError:
+        torch = None
+        print("  (torch is not installed: no PyTorch column)")
     for m, k, n in shapes:
         a, b = tf.random.normal((m, k)), tf.random.normal((k, n))
-        flops = 2.0 * m * k * n
-        figures = {
-            name: flops / median_seconds(lambda f=function, a=a, b=b: f(a, b)) / 1e9
-            for name, function in (("tensorflow", graph), ("xla", xla), ("numpy", numpy_matmul))
+        a_array, b_array = a.numpy(), b.numpy()  # copies made before timing
+        contenders = {
+            "tensorflow": functools.partial(graph, a, b),
+            "xla": functools.partial(xla, a, b),
+            "numpy": functools.partial(np.matmul, a_array, b_array),
         }
+        if torch is not None:
+            left, right = torch.from_numpy(a_array), torch.from_numpy(b_array)
+            contenders["torch"] = functools.partial(torch.mm, left, right)
+        flops = 2.0 * m * k * n
+        figures = {name: flops / median_seconds(call) / 1e9 for name, call in contenders.items()}
         print(f"  {(m, k, n)}: " + ", ".join(f"{name} {v:.0f}" for name, v in figures.items()))
 
 

@@ -227,21 +227,32 @@ class TimmContender:
 
 
 class GemmContender:
-    """float32 GEMM throughput: NumPy's BLAS and TensorFlow's matmul, the faster counts."""
+    """float32 GEMM throughput of NumPy, TensorFlow and PyTorch (where installed).
+
+    The fastest counts: the machine's limit is what its best product reaches.
+    """
 
     def __init__(self, arch, image_size, batch_size, options):
         rng = np.random.default_rng(0)
         self.a = rng.standard_normal((GEMM_SIZE, GEMM_SIZE)).astype("float32")
         self.b = rng.standard_normal((GEMM_SIZE, GEMM_SIZE)).astype("float32")
-        self.tf = None
+        self.candidates = [("numpy", lambda: self.a @ self.b)]
         try:
             import tensorflow as tf
 
-            self.tf = tf
-            self.ta, self.tb = tf.constant(self.a), tf.constant(self.b)
+            ta, tb = tf.constant(self.a), tf.constant(self.b)
+            self.candidates.append(("tensorflow", lambda: tf.matmul(ta, tb).numpy()))
         except ImportError:
             pass
-        self.description = f"{GEMM_SIZE}x{GEMM_SIZE} float32 matmul, NumPy and TensorFlow"
+        try:
+            import torch
+
+            pa, pb = torch.from_numpy(self.a), torch.from_numpy(self.b)
+            self.candidates.append(("torch", lambda: torch.mm(pa, pb)))
+        except ImportError:
+            pass
+        names = ", ".join(name for name, _ in self.candidates)
+        self.description = f"{GEMM_SIZE}x{GEMM_SIZE} float32 matmul, the fastest of {names}"
         self.parameters = 0
         for _ in range(2):
             self.gemm(1.0)
@@ -249,16 +260,13 @@ class GemmContender:
     def gemm(self, seconds):
         flops = 2.0 * GEMM_SIZE**3
         best = {}
-        candidates = [("numpy", lambda: self.a @ self.b)]
-        if self.tf is not None:
-            candidates.append(("tensorflow", lambda: self.tf.matmul(self.ta, self.tb).numpy()))
-        for name, product in candidates:
+        for name, product in self.candidates:
             count, start = 0, time.perf_counter()
             while True:
                 product()
                 count += 1
                 elapsed = time.perf_counter() - start
-                if elapsed >= seconds / len(candidates):
+                if elapsed >= seconds / len(self.candidates):
                     break
             best[name] = flops * count / elapsed / 1e9
         return best

@@ -12,9 +12,9 @@ import keras_vit
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def load_bench():
-    path = os.path.join(ROOT, "benchmarks", "bench.py")
-    spec = importlib.util.spec_from_file_location("keras_vit_bench", path)
+def load_benchmark_script(name):
+    path = os.path.join(ROOT, "benchmarks", f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"keras_vit_{name}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -98,6 +98,52 @@ def test_remat_argument_recomputes_in_training_only_and_is_saved(tiny_config, mo
     [("S16", 224, 4.6), ("B16", 224, 17.6), ("S16", 384, 15.5)],
 )
 def test_bench_flops_match_timm_model_cards(model_name, image_size, timm_gmacs):
-    bench = load_bench()
+    bench = load_benchmark_script("bench")
     gmacs = bench.model_flops(model_name, image_size) / 2 / 1e9
     assert gmacs == pytest.approx(timm_gmacs, rel=0.02)
+
+
+def test_profile_step_groups_operations_by_kind():
+    profile = load_benchmark_script("profile_step")
+    kind = profile.operation_kind
+    assert kind("vision_transformer/block_0/mlp/fc1/MatMul:_MklNativeFusedMatMul") == (
+        "_MklNativeFusedMatMul"
+    )
+    assert kind("MatMul.406") == "MatMul"
+    assert kind("add_multiply_fusion.12") == "add_multiply_fusion"
+    assert kind("wrapped_reduce-window") == "wrapped_reduce-window"
+    assert kind("ThunkExecutor::Execute") == "ThunkExecutor::Execute"
+    assert profile.is_product("_MklNativeFusedMatMul") and profile.is_product("dot")
+    assert profile.is_product("_MklBatchMatMulV2") and not profile.is_product("ynn_fusion")
+    assert profile.category("ynn_fusion").startswith("YNNPACK")
+    assert not profile.is_product("add_multiply_fusion") and not profile.is_product("_MklSoftmax")
+    events = [
+        ("tf_Compute/1", "a/MatMul:_MklMatMul", 4e9),  # 4 ms
+        ("tf_Compute/2", "b/MatMul:_MklMatMul", 2e9),
+        ("tf_Compute/2", "c/Mul:Mul", 1e9),
+        ("tf_Compute/2", "Process", 9e9),  # wraps the others
+        ("tf_Eigen/1", "ThunkExecutor::Execute", 9e9),
+        ("tf_Eigen/1", "end: MatMul.3", 1e9),
+        ("python", "__inference_step", 9e9),
+    ]
+    milliseconds, counts = profile.aggregate(events, steps=2)
+    assert dict(milliseconds) == {"_MklMatMul": 3.0, "Mul": 0.5}
+    assert dict(counts) == {"_MklMatMul": 1.0, "Mul": 0.5}
+    text = profile.report(milliseconds, counts, top=5)
+    assert text.splitlines()[-1] == (
+        "matrix products: 3.0 ms/step (86%); everything else: 0.5 ms/step (14%)"
+    )
+
+
+def test_profile_step_runs_and_finds_the_matrix_products(capsys):
+    profile = load_benchmark_script("profile_step")
+    args = ["--model", "Ti16", "--image-size", "32", "--batch-size", "2", "--mode", "infer"]
+    assert profile.main(args + ["--jit", "0", "--steps", "2", "--top", "40"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("operation"))
+    kinds = [line.split()[0] for line in lines[header + 1 : -1]]
+    assert kinds and any(profile.is_product(kind) for kind in kinds), lines
+    products_ms = float(lines[-1].split("matrix products: ")[1].split(" ms/step")[0])
+    assert products_ms > 0
+    with pytest.raises(SystemExit):
+        profile.main(["--image-size", "30"])
