@@ -1,5 +1,6 @@
 """Each layer against a direct NumPy computation, round trips and bad input."""
 
+import inspect
 import math
 
 import keras
@@ -138,6 +139,36 @@ def test_patch_encoder_rejects_wrong_channels_and_grid():
         layers.PatchEncoder(8, hidden_dim=8, class_token="yes")
 
 
+def _layer_loss_and_gradients(layer, x, upstream, mode="eager"):
+    """sum(layer(x) * upstream) and its gradients for x and each trainable weight."""
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        def value_and_gradients(x):
+            with tf.GradientTape() as tape:
+                tape.watch(x)
+                loss = tf.reduce_sum(layer(x, training=True) * upstream)
+            return loss, tape.gradient(loss, [x, *layer.trainable_variables])
+
+        if mode != "eager":
+            value_and_gradients = tf.function(value_and_gradients, jit_compile=mode == "xla")
+        loss, grads = value_and_gradients(tf.constant(x))
+        return float(loss), [g.numpy() for g in grads]
+    import jax
+
+    takes_training = "training" in inspect.signature(layer.call).parameters
+    kwargs = {"training": True} if takes_training else {}  # Keras' own layers may not
+
+    def loss_fn(trainable, x):
+        out, _ = layer.stateless_call(trainable, non_trainable, x, **kwargs)
+        return (out * upstream).sum()
+
+    trainable = [v.value for v in layer.trainable_variables]
+    non_trainable = [v.value for v in layer.non_trainable_variables]
+    loss, (d_weights, d_x) = jax.value_and_grad(loss_fn, argnums=(0, 1))(trainable, x)
+    return float(loss), [np.asarray(d_x), *(np.asarray(g) for g in d_weights)]
+
+
 # LayerNorm -------------------------------------------------------------------
 
 
@@ -168,6 +199,60 @@ def test_layer_norm_matches_numpy(shape):
     assert_round_trip(layer, x)
 
 
+@pytest.mark.parametrize("mode", ["eager", "graph", "xla"])
+def test_layer_norm_gradients_match_finite_differences_of_numpy(mode):
+    # LayerNorm trains with a hand-written backward pass: check it against
+    # central differences of the float64 NumPy forward, for every input value,
+    # gamma and beta. Half of the rows have a variance near epsilon.
+    if mode != "eager" and keras.backend.backend() != "tensorflow":
+        pytest.skip("graph and XLA modes are TensorFlow's")
+    shape = (2, 3, 8)
+    layer = _perturbed_layer_norm(shape[-1])
+    x = _layer_norm_inputs(shape)
+    upstream = RNG.normal(size=shape).astype("float32")
+    _, grads = _layer_loss_and_gradients(layer, x, upstream, mode)
+    assert [w.path.split("/")[-1] for w in layer.trainable_variables] == ["gamma", "beta"]
+    arrays = [
+        x.astype("float64"),
+        *(to_numpy(w).astype("float64") for w in (layer.gamma, layer.beta)),
+    ]
+
+    def numpy_loss(x, gamma, beta):
+        return float((np_layer_norm(x, gamma, beta) * upstream).sum())
+
+    step = 1e-7
+    for which, got in enumerate(grads):
+        expected = np.zeros_like(arrays[which])
+        for index in np.ndindex(expected.shape):
+            shifted = [a.copy() for a in arrays]
+            shifted[which][index] += step
+            plus = numpy_loss(*shifted)
+            shifted[which][index] -= 2 * step
+            expected[index] = (plus - numpy_loss(*shifted)) / (2 * step)
+        scale = np.abs(expected).max()
+        np.testing.assert_allclose(got, expected, rtol=1e-3, atol=1e-3 * scale)
+
+
+@pytest.mark.parametrize("dtype", [None, "mixed_bfloat16"])
+def test_layer_norm_gradients_match_keras_layer(dtype):
+    x = _layer_norm_inputs((2, 5, 16))
+    upstream = RNG.normal(size=x.shape).astype("float32")
+    ours = layers.LayerNorm(epsilon=1e-6, dtype=dtype)
+    reference = keras.layers.LayerNormalization(epsilon=1e-6, dtype=dtype)
+    for layer in (ours, reference):
+        layer.build(x.shape)
+    perturbed = _perturbed_layer_norm(x.shape[-1])
+    for layer in (ours, reference):
+        layer.set_weights(perturbed.get_weights())
+    loss, got = _layer_loss_and_gradients(ours, x, upstream)
+    expected_loss, expected = _layer_loss_and_gradients(reference, x, upstream)
+    tolerance = 1e-4 if dtype is None else 2e-2
+    assert loss == pytest.approx(expected_loss, rel=tolerance, abs=tolerance)
+    for g, e in zip(got, expected):
+        assert g.dtype == e.dtype and np.all(np.isfinite(g))
+        np.testing.assert_allclose(g, e, rtol=tolerance, atol=tolerance * np.abs(e).max())
+
+
 @pytest.mark.tensorflow_only
 @pytest.mark.parametrize("shape", [(2, 5, 24), (7, 24)])
 @pytest.mark.parametrize("jit_compile", [False, True])
@@ -188,7 +273,7 @@ def test_layer_norm_fused_graph_matches_numpy_and_its_gradient(shape, jit_compil
     graph = tf.function(value_and_gradient, jit_compile=jit_compile)
     expected = np_layer_norm(x.numpy(), layer.gamma.numpy(), layer.beta.numpy())
     fused, fused_gradient = graph(False)
-    _, keras_gradient = graph(True)  # training: Keras' own ops
+    _, keras_gradient = graph(True)  # training: the hand-written backward pass
     np.testing.assert_allclose(fused.numpy(), expected, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(fused_gradient.numpy(), keras_gradient.numpy(), rtol=1e-3, atol=1e-2)
 
@@ -244,33 +329,6 @@ def test_attention_matches_numpy():
     np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-5)
 
 
-def _attention_loss_and_gradients(layer, x, upstream, mode="eager"):
-    """sum(layer(x) * upstream) and its gradients for x and each trainable weight."""
-    if keras.backend.backend() == "tensorflow":
-        import tensorflow as tf
-
-        def value_and_gradients(x):
-            with tf.GradientTape() as tape:
-                tape.watch(x)
-                loss = tf.reduce_sum(layer(x, training=True) * upstream)
-            return loss, tape.gradient(loss, [x, *layer.trainable_variables])
-
-        if mode != "eager":
-            value_and_gradients = tf.function(value_and_gradients, jit_compile=mode == "xla")
-        loss, grads = value_and_gradients(tf.constant(x))
-        return float(loss), [g.numpy() for g in grads]
-    import jax
-
-    def loss_fn(trainable, x):
-        out, _ = layer.stateless_call(trainable, non_trainable, x, training=True)
-        return (out * upstream).sum()
-
-    trainable = [v.value for v in layer.trainable_variables]
-    non_trainable = [v.value for v in layer.non_trainable_variables]
-    loss, (d_weights, d_x) = jax.value_and_grad(loss_fn, argnums=(0, 1))(trainable, x)
-    return float(loss), [np.asarray(d_x), *(np.asarray(g) for g in d_weights)]
-
-
 @pytest.mark.parametrize("mode", ["eager", "graph", "xla"])
 def test_attention_gradients_match_finite_differences_of_numpy(mode):
     # The attention core has a hand-written backward pass; check it against
@@ -283,7 +341,7 @@ def test_attention_gradients_match_finite_differences_of_numpy(mode):
     layer = layers.MultiHeadSelfAttention(num_heads=3)
     layer(x)
     perturb(layer)
-    _, grads = _attention_loss_and_gradients(layer, x, upstream, mode)
+    _, grads = _layer_loss_and_gradients(layer, x, upstream, mode)
     params = [to_numpy(w).astype("float64") for w in layer.trainable_variables]
     names = ["/".join(w.path.split("/")[-2:]) for w in layer.trainable_variables]
     assert names == ["qkv/kernel", "qkv/bias", "proj/kernel", "proj/bias"]
@@ -316,7 +374,7 @@ def test_attention_gradients_with_attention_dropout_and_in_mixed_precision():
     reference = layers.MultiHeadSelfAttention(num_heads=3)
     reference(x)
     perturb(reference)
-    _, expected = _attention_loss_and_gradients(reference, x, upstream)
+    _, expected = _layer_loss_and_gradients(reference, x, upstream)
     # With attention dropout at work the layer takes the automatic-differentiation
     # path; a rate that keeps (almost) everything must give the same gradients
     # once the surviving weights are rescaled, so compare with rate -> tiny.
@@ -324,7 +382,7 @@ def test_attention_gradients_with_attention_dropout_and_in_mixed_precision():
     dropout(x)
     for ours, theirs in zip(dropout.trainable_variables, reference.trainable_variables):
         ours.assign(theirs)
-    _, got = _attention_loss_and_gradients(dropout, x, upstream)
+    _, got = _layer_loss_and_gradients(dropout, x, upstream)
     for g, e in zip(got, expected):
         np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-4)
     # Mixed precision: gradients in the compute dtype, close to float32's.
@@ -332,7 +390,7 @@ def test_attention_gradients_with_attention_dropout_and_in_mixed_precision():
     half(x)
     for ours, theirs in zip(half.trainable_variables, reference.trainable_variables):
         ours.assign(theirs)
-    _, got = _attention_loss_and_gradients(half, x, upstream)
+    _, got = _layer_loss_and_gradients(half, x, upstream)
     for g, e in zip(got, expected):
         assert np.all(np.isfinite(g))
         np.testing.assert_allclose(g, e, rtol=0.1, atol=0.15 * np.abs(e).max())
