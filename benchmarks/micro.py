@@ -4,7 +4,8 @@
     python benchmarks/micro.py gemm mlp        # some of them
     python benchmarks/micro.py --tokens 577    # attention at 384 (24 x 24 patches + 1)
 
-gemm       float32 matrix products at the model's shapes: TensorFlow (oneDNN), XLA, NumPy
+gemm       float32 matrix products at the model's shapes: TensorFlow (oneDNN), XLA, NumPy,
+           PyTorch (where installed)
 mlp        the MLP on (batch, tokens, D) against (batch * tokens, D) rows, graph and XLA
 attention  the attention core (softmax(q k^T) v) written four ways, forward and backward
            (keras_vit's: one transpose, unstack, einsums, a hand-written backward pass)

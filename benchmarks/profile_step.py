@@ -106,21 +106,17 @@ def profile(step, steps, directory):
     if keras.backend.backend() == "jax":
         import jax
 
-        jax.profiler.start_trace(directory)
-        try:
-            for _ in range(steps):
-                step()
-        finally:
-            jax.profiler.stop_trace()
+        start, stop = jax.profiler.start_trace, jax.profiler.stop_trace
     else:
         import tensorflow as tf
 
-        tf.profiler.experimental.start(directory)
-        try:
-            for _ in range(steps):
-                step()
-        finally:
-            tf.profiler.experimental.stop()
+        start, stop = tf.profiler.experimental.start, tf.profiler.experimental.stop
+    start(directory)
+    try:
+        for _ in range(steps):
+            step()
+    finally:
+        stop()
 
 
 def report(milliseconds, counts, top):

@@ -169,6 +169,18 @@ def _layer_loss_and_gradients(layer, x, upstream, mode="eager"):
     return float(loss), [np.asarray(d_x), *(np.asarray(g) for g in d_weights)]
 
 
+def _central_differences(loss, arrays, which, step):
+    """d loss / d arrays[which], each element by a central difference in float64."""
+    gradient = np.zeros_like(arrays[which])
+    for index in np.ndindex(gradient.shape):
+        shifted = [a.copy() for a in arrays]
+        shifted[which][index] += step
+        plus = loss(*shifted)
+        shifted[which][index] -= 2 * step
+        gradient[index] = (plus - loss(*shifted)) / (2 * step)
+    return gradient
+
+
 # LayerNorm -------------------------------------------------------------------
 
 
@@ -222,13 +234,7 @@ def test_layer_norm_gradients_match_finite_differences_of_numpy(mode):
 
     step = 1e-7
     for which, got in enumerate(grads):
-        expected = np.zeros_like(arrays[which])
-        for index in np.ndindex(expected.shape):
-            shifted = [a.copy() for a in arrays]
-            shifted[which][index] += step
-            plus = numpy_loss(*shifted)
-            shifted[which][index] -= 2 * step
-            expected[index] = (plus - numpy_loss(*shifted)) / (2 * step)
+        expected = _central_differences(numpy_loss, arrays, which, step)
         scale = np.abs(expected).max()
         np.testing.assert_allclose(got, expected, rtol=1e-3, atol=1e-3 * scale)
 
@@ -358,13 +364,7 @@ def test_attention_gradients_match_finite_differences_of_numpy(mode):
         expected = (plus - minus) / (2 * step)
         got = sum(float((g * d).sum()) for g, d in zip(grads[1:], directions))
         assert got == pytest.approx(expected, rel=1e-3, abs=1e-3)
-    d_x = np.zeros_like(x64)
-    for index in np.ndindex(x.shape):
-        shifted = x64.copy()
-        shifted[index] += step
-        plus = numpy_loss(shifted, params)
-        shifted[index] -= 2 * step
-        d_x[index] = (plus - numpy_loss(shifted, params)) / (2 * step)
+    d_x = _central_differences(lambda x: numpy_loss(x, params), [x64], 0, step)
     np.testing.assert_allclose(grads[0], d_x, rtol=1e-3, atol=1e-3)
 
 

@@ -147,3 +147,5 @@ def test_profile_step_runs_and_finds_the_matrix_products(capsys):
     assert products_ms > 0
     with pytest.raises(SystemExit):
         profile.main(["--image-size", "30"])
+    with pytest.raises(SystemExit):
+        profile.main(["--steps", "0"])

@@ -36,12 +36,7 @@ def _fused_tensorflow_layer_norm(inputs, gamma, beta, epsilon):
         data_format="NCHW",
         is_training=True,
     )
-    x = tf.reshape(x, shape)
-    if gamma is not None:
-        x = x * gamma
-    if beta is not None:
-        x = x + beta
-    return x
+    return tf.reshape(x, shape) * gamma + beta
 
 
 def _layer_norm_last_axis(x, gamma, beta, epsilon):
