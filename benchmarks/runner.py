@@ -73,6 +73,10 @@ def build_keras_vit(arch, image_size, options):
     except ImportError as error:  # pragma: no cover - only outside the repo
         raise Skip(f"keras_vit not importable: {error}") from error
     patch, dim, mlp, heads, layers = arch
+    # CPU streams (keras_vit.streams): set before TensorFlow runs an operation.
+    streams = int(options.get("streams", "1"))
+    if streams > 1:
+        keras_vit.streams.configure_cpu_streams(streams)
     # Gradient checkpointing of every block: VisionTransformer(remat=True).
     remat = options.get("remat", "0") == "1"
     model = keras_vit.VisionTransformer(
@@ -96,6 +100,10 @@ def build_keras_vit(arch, image_size, options):
         description += "XLA training, graph-mode inference"
     else:
         description += f"jit_compile={jit != '0'}"
+    if streams > 1:
+        # As keras_vit.training.compile_model does after configure_cpu_streams.
+        keras_vit.streams.use_streams(model, streams, infer_jit=jit == "1")
+        description += f", {streams} CPU streams"
     return model, description + (", remat of every block" if remat else "")
 
 

@@ -2,6 +2,7 @@
 
 from keras_vit import (
     layers,
+    streams,  # noqa: F401  (keras_vit.streams.configure_cpu_streams, use_streams)
     training,  # noqa: F401  (registers WarmupCosine for model.keras)
 )
 from keras_vit.export import export_saved_model, export_tflite

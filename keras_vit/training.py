@@ -16,6 +16,8 @@ import signal
 
 import keras
 
+from keras_vit.streams import configured_streams, use_streams
+
 # Variables (by name) that get no weight decay.
 NO_WEIGHT_DECAY = ("bias", "gamma", "beta", "position_embedding", "class_token")
 STRATEGIES = ("auto", "default", "mirrored", "multiworker", "tpu")
@@ -103,6 +105,7 @@ def compile_model(
     label_smoothing=0.1,
     clipnorm=1.0,
     jit_compile="auto",
+    streams="auto",
 ):
     """Compiles `model` with the recipe; the LR warms up over 10% of `total_steps` by default.
 
@@ -116,6 +119,11 @@ def compile_model(
     `evaluate` to TensorFlow's graph mode: its oneDNN kernels (with the fused
     layer norm of `keras_vit.layers.LayerNorm`) run ViT-S/16 inference about
     10% faster than XLA on CPUs. `jit_compile=True` compiles all three.
+
+    `streams="auto"` cuts each batch into the parts set by
+    `keras_vit.streams.configure_cpu_streams` (none when it was not called), on
+    a TensorFlow machine without GPU or TPU and one replica; an integer asks for
+    that many (`keras_vit.streams.use_streams`).
     """
     graph_inference = jit_compile == "auto" and cpu_only_tensorflow()
     jit_compile = resolve_jit_compile(jit_compile)
@@ -133,6 +141,13 @@ def compile_model(
     else:
         build_optimizer_state(model)
     inference_without_xla(model, jit_compile and graph_inference)
+    if streams == "auto":
+        single = keras.backend.backend() == "tensorflow" and (
+            model.distribute_strategy.num_replicas_in_sync == 1
+        )
+        streams = configured_streams() if single and cpu_only_tensorflow() else 1
+    if streams != 1:
+        use_streams(model, streams, infer_jit=jit_compile and not graph_inference)
     return model
 
 

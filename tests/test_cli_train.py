@@ -54,6 +54,8 @@ def npz(tmp_path):
         (["--data", "/no/such/folder"], "data="),
         (["--weights", "/no/such.npz"], "--weights"),
         (["--resume"], "--resume"),
+        (["--cpu-streams", "0"], "--cpu-streams"),
+        (["--cpu-streams", "999"], "--cpu-streams"),
     ],
 )
 def test_bad_arguments_exit_2_without_traceback(args, message, tmp_path):
@@ -105,13 +107,19 @@ def test_train_writes_outputs_then_evaluate_and_predict(npz, tmp_path):
     from PIL import Image
 
     out = str(tmp_path / "run")
-    # --remat: the checkpointed blocks also save, export and reload.
-    result = _cli("train", "--data", npz, *TINY, "--epochs", "1", "--output", out, "--remat")
+    # --remat: the checkpointed blocks also save, export and reload; --cpu-streams:
+    # training and evaluation with batches cut in parts (keras_vit.streams).
+    streams = str(min(2, len(os.sched_getaffinity(0))))
+    result = _cli(
+        "train", "--data", npz, *TINY, "--epochs", "1", "--output", out, "--remat",
+        "--cpu-streams", streams,
+    )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
     for name in ("model.keras", "saved_model", "history.csv", "history.json", "curves.png"):
         assert os.path.exists(os.path.join(out, name)), name
     with open(os.path.join(out, "run.json")) as file:
-        assert json.load(file)["args"]["remat"] is True
+        stored = json.load(file)["args"]
+        assert stored["remat"] is True and stored["cpu_streams"] == int(streams)
     with zipfile.ZipFile(os.path.join(out, "model.keras")) as archive:
         assert '"remat": true' in archive.read("config.json").decode()
     with open(os.path.join(out, "classes.json")) as file:

@@ -149,3 +149,27 @@ def test_profile_step_runs_and_finds_the_matrix_products(capsys):
         profile.main(["--image-size", "30"])
     with pytest.raises(SystemExit):
         profile.main(["--steps", "0"])
+
+
+def test_bench_targets_rate_every_keras_vit_variant_against_the_fastest_peer():
+    bench = load_benchmark_script("bench")
+
+    def entry(infer_lead, train_lead, rss):
+        return {"keras_vit_lead": {"infer": infer_lead, "train": train_lead}, "peak_rss_gb": rss}
+
+    # keras_vit / timm = 0.95 (inference); keras_vit / streams = 0.8, so
+    # streams / timm = 0.95 / 0.8 = 1.1875; keras_hub is slower than timm.
+    table = {
+        "keras_vit": {"keras_vit_lead": {}, "peak_rss_gb": 2.0},
+        "keras_vit[streams]": entry(0.8, 1.0, 2.1),
+        "keras_hub": entry(1.3, 1.2, 2.5),
+        "timm": entry(0.95, 0.9, 1.5),
+        "vit_keras": {"skipped": "not installed"},
+    }
+    checks = bench.targets({"contenders": table})
+    assert checks["infer"]["fastest_peer"] == "timm" and not checks["infer"]["holds"]
+    assert checks["infer keras_vit[streams]"]["lead_over_fastest_peer"] == pytest.approx(1.1875)
+    assert checks["infer keras_vit[streams]"]["holds"]
+    assert checks["train keras_vit[streams]"]["lead_over_fastest_peer"] == pytest.approx(0.9)
+    assert not checks["train keras_vit[streams]"]["holds"]
+    assert checks["memory keras_vit"]["holds"] is False

@@ -46,6 +46,7 @@ STORED = (
     "backup_steps",
     "jit_compile",
     "remat",
+    "cpu_streams",
     "skip_corrupt",
 )
 
@@ -163,6 +164,14 @@ def add_arguments(parser):
         "--remat",
         action="store_true",
         help="gradient checkpointing of every block: less memory, about 20%% slower",
+    )
+    parser.add_argument(
+        "--cpu-streams",
+        type=_positive_int,
+        default=1,
+        help="CPU only: cut each batch into N parts run side by side, each on cores/N "
+        "cores (keras_vit.streams; 2 on a 2-core machine: ~15%% faster evaluation, "
+        "a few %% faster training)",
     )
     parser.add_argument("--tensorboard", action="store_true", help="TensorBoard logs in logs/")
     parser.add_argument(
@@ -325,6 +334,13 @@ def train(args):
     from keras_vit import training
 
     output = args.output
+    if args.cpu_streams > 1:  # before TensorFlow runs an operation
+        from keras_vit import streams
+
+        try:
+            streams.configure_cpu_streams(args.cpu_streams)
+        except (ValueError, RuntimeError) as error:
+            raise UsageError(f"--cpu-streams: {error}") from None
     strategy = training.get_strategy(args.strategy)  # first: MultiWorker needs it before ops
     chief = training.is_chief()
     work_dir = output if chief else os.path.join(output, f"worker-{_task_index()}")

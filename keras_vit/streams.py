@@ -1,0 +1,263 @@
+"""CPU streams: each batch split into parts that run side by side.
+
+TensorFlow splits every operation of a step across all the CPU cores it has.
+On a small machine that costs more than it gains: a 2-core float32 matrix
+product runs at about 1.6x, not 2x, the speed of a 1-core one, and each of
+the step's thousands of small operations waits for both cores. With streams,
+each batch is cut into `streams` parts that do not depend on each other (a
+ViT computes each image on its own); each part runs on its own group of cores,
+and TensorFlow's executor runs the parts at the same time. On a 2-core machine
+two streams predict ViT-S/16 about 15% faster and train it about 8% faster
+(docs/performance.md, `python benchmarks/bench.py --contenders
+keras_vit,keras_vit[streams]`).
+
+Two steps:
+
+1. `configure_cpu_streams(streams)` at the start of the program, before
+   TensorFlow runs its first operation: it gives each operation
+   `cores // streams` threads and the executor `streams` threads at a time.
+   This is process-wide; without streams, operations would then run on fewer
+   cores. `keras-vit train --cpu-streams 2` does it for you.
+2. `use_streams(model)` after `model.compile(...)` (or `compile_model(...)`,
+   which calls it): the model's train, test and predict steps cut each batch.
+   With `jit_compile`, each part is one XLA program (forward + backward pass)
+   and the optimizer update another; the steps themselves run in TensorFlow's
+   graph mode, whose executor runs the parts concurrently.
+
+The results are the same as without streams up to float rounding: the loss is
+the part losses weighted by part size, and so are the gradients. Batches
+smaller than `streams` run as one part. Models whose outputs for one sample
+depend on other samples of the batch (batch normalization in training) must
+not use streams. Only the TensorFlow backend with one replica is supported.
+"""
+
+import os
+
+import keras
+
+_configured = {"streams": 1}
+
+
+def _available_cores():
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def configure_cpu_streams(streams=2, cores=None):
+    """Gives TensorFlow `streams` executor threads of `cores // streams` threads each.
+
+    Call it before TensorFlow runs its first operation (before any model is
+    built). Returns the threads per operation. `cores` defaults to the cores
+    this process may run on.
+    """
+    if isinstance(streams, bool) or not isinstance(streams, int) or streams < 1:
+        raise ValueError(f"`streams` must be an integer >= 1. Received: streams={streams!r}")
+    cores = _available_cores() if cores is None else cores
+    if isinstance(cores, bool) or not isinstance(cores, int) or cores < 1:
+        raise ValueError(f"`cores` must be an integer >= 1. Received: cores={cores!r}")
+    if streams > cores:
+        raise ValueError(
+            f"`streams` must not exceed the cores ({cores}): each stream needs at least one. "
+            f"Received: streams={streams}"
+        )
+    import tensorflow as tf
+
+    threads = cores // streams
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(streams)
+    except RuntimeError as error:
+        raise RuntimeError(
+            "configure_cpu_streams() must run before TensorFlow runs its first operation "
+            "(call it at the start of the program, before building a model). "
+            f"TensorFlow said: {error}"
+        ) from None
+    _configured["streams"] = streams
+    return threads
+
+
+def configured_streams():
+    """The streams set by `configure_cpu_streams` (1 when it was not called)."""
+    return _configured["streams"]
+
+
+def _batch_size(structure):
+    import tensorflow as tf
+
+    first = next(t for t in keras.tree.flatten(structure) if t is not None)
+    return tf.shape(first)[0]
+
+
+def _split(structure, sizes, streams):
+    """`structure`'s tensors cut along the batch axis: a list of `streams` structures."""
+    import tensorflow as tf
+
+    if structure is None:
+        return [None] * streams
+    pieces = [
+        tf.split(t, sizes, num=streams, axis=0) if t is not None else [None] * streams
+        for t in keras.tree.flatten(structure)
+    ]
+    return [keras.tree.pack_sequence_as(structure, [p[i] for p in pieces]) for i in range(streams)]
+
+
+def _concat(structures):
+    import tensorflow as tf
+
+    return keras.tree.map_structure(lambda *parts: tf.concat(parts, axis=0), *structures)
+
+
+def _part_sizes(n, streams):
+    """Row counts of the parts: as equal as possible, the first ones one larger."""
+    import tensorflow as tf
+
+    base, extra = n // streams, n % streams
+    return tf.stack([base + tf.cast(i < extra, n.dtype) for i in range(streams)])
+
+
+def _run_streams(n, streams, single, streamed):
+    """streamed(sizes) when the batch has at least `streams` rows, else single()."""
+    import tensorflow as tf
+
+    return tf.cond(n >= streams, lambda: streamed(_part_sizes(n, streams)), single)
+
+
+def _forward(model, x, training):
+    return model(x, training=training) if model._call_has_training_arg else model(x)
+
+
+def _make_steps(model, streams, train_jit, infer_jit):
+    import tensorflow as tf
+    from keras.src.losses.loss import unscale_loss_for_distribution
+    from keras.src.trainers.data_adapters.data_adapter_utils import unpack_x_y_sample_weight
+
+    def predict_parts(x):
+        forward = tf.function(lambda part: _forward(model, part, False), jit_compile=infer_jit)
+        n = _batch_size(x)
+        return _run_streams(
+            n,
+            streams,
+            lambda: forward(x),
+            lambda sizes: _concat([forward(part) for part in _split(x, sizes, streams)]),
+        )
+
+    def predict_step(data):
+        x, _, _ = unpack_x_y_sample_weight(data)
+        return predict_parts(x)
+
+    def test_step(data):
+        x, y, sample_weight = unpack_x_y_sample_weight(data)
+        y_pred = predict_parts(x)
+        loss = model._compute_loss(
+            x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=False
+        )
+        model._loss_tracker.update_state(
+            unscale_loss_for_distribution(loss), sample_weight=_batch_size(x)
+        )
+        return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+    def train_step(data):
+        x, y, sample_weight = unpack_x_y_sample_weight(data)
+        weights = model.trainable_weights
+        connected = []  # indices of the weights that get a gradient (known when traced)
+
+        def part_gradients(x, y, sample_weight):
+            with tf.GradientTape() as tape:
+                y_pred = _forward(model, x, True)
+                loss = model._compute_loss(
+                    x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True
+                )
+                scaled = model.optimizer.scale_loss(loss) if model.optimizer else loss
+            gradients = tape.gradient(scaled, weights)
+            connected[:] = [i for i, g in enumerate(gradients) if g is not None]
+            return loss, y_pred, [gradients[i] for i in connected]
+
+        part_gradients = tf.function(part_gradients, jit_compile=train_jit)
+        n = _batch_size(x)
+
+        def streamed(sizes):
+            parts = [
+                part_gradients(*part)
+                for part in zip(*(_split(s, sizes, streams) for s in (x, y, sample_weight)))
+            ]
+            shares = tf.cast(sizes, parts[0][0].dtype) / tf.cast(n, parts[0][0].dtype)
+            loss = tf.add_n([share * part[0] for share, part in zip(tf.unstack(shares), parts)])
+            gradients = [
+                tf.add_n(
+                    [
+                        tf.cast(share, g[i].dtype) * g[i]
+                        for share, g in zip(tf.unstack(shares), (p[2] for p in parts))
+                    ]
+                )
+                for i in range(len(parts[0][2]))
+            ]
+            return loss, _concat([part[1] for part in parts]), gradients
+
+        loss, y_pred, gradients = _run_streams(
+            n, streams, lambda: part_gradients(x, y, sample_weight), streamed
+        )
+        model._loss_tracker.update_state(unscale_loss_for_distribution(loss), sample_weight=n)
+        if weights:
+            apply = tf.function(
+                lambda gradients: model.optimizer.apply_gradients(
+                    zip(gradients, [weights[i] for i in connected])
+                ),
+                jit_compile=train_jit,
+            )
+            apply(gradients)
+        return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+    return train_step, test_step, predict_step
+
+
+def use_streams(model, streams=None, infer_jit=None):
+    """Makes a compiled `model` cut each batch into `streams` parts run side by side.
+
+    `streams` defaults to `configured_streams()`; 1 undoes it. The model's
+    `jit_compile` decides whether each training part is an XLA program;
+    `infer_jit` (default: the same) decides it for predict and evaluate.
+    Call it again after each `model.compile`.
+    """
+    if not isinstance(model, keras.Model):
+        raise ValueError(f"`model` must be a keras.Model. Received: model={model!r}")
+    streams = configured_streams() if streams is None else streams
+    if isinstance(streams, bool) or not isinstance(streams, int) or streams < 1:
+        raise ValueError(f"`streams` must be an integer >= 1. Received: streams={streams!r}")
+    names = ("train_step", "test_step", "predict_step")
+    makers = ("make_train_function", "make_test_function", "make_predict_function")
+    for name in names + makers:
+        vars(model).pop(name, None)
+    model.train_function = model.test_function = model.predict_function = None
+    if streams == 1:
+        return model
+    if keras.backend.backend() != "tensorflow":
+        raise ValueError(
+            f"Streams need the TensorFlow backend. Received: backend {keras.backend.backend()!r}"
+        )
+    if model.distribute_strategy.num_replicas_in_sync > 1:
+        raise ValueError("Streams run on one replica; this model's strategy has several.")
+    if not getattr(model, "compiled", False) or model.optimizer is None:
+        raise ValueError("Compile the model (with an optimizer) before `use_streams`.")
+    train_jit = bool(model.jit_compile)
+    infer_jit = train_jit if infer_jit is None else bool(infer_jit)
+    steps = _make_steps(model, streams, train_jit, infer_jit)
+    for name, step in zip(names, steps):
+        setattr(model, name, step)
+    for name in makers:
+        make = getattr(type(model), name)
+
+        # The step is a graph-mode function: its parts are XLA programs that
+        # TensorFlow's executor runs side by side, which one XLA program for the
+        # whole step would not.
+        def make_in_graph_mode(force=False, _make=make):
+            jit_compile = model.jit_compile
+            model.jit_compile = False
+            try:
+                return _make(model, force=force)
+            finally:
+                model.jit_compile = jit_compile
+
+        setattr(model, name, make_in_graph_mode)
+    return model

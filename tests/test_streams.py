@@ -1,0 +1,174 @@
+"""keras_vit.streams: batches cut into parts that run side by side give the same results."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import keras
+import numpy as np
+import pytest
+
+import keras_vit
+from keras_vit import streams, training
+
+pytestmark = pytest.mark.tensorflow_only
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _model(tiny_config, jit_compile, dropout=0.0):
+    keras.utils.set_random_seed(3)
+    model = keras_vit.VisionTransformer(**{**tiny_config, "num_classes": 5}, dropout_rate=dropout)
+    model.compile(
+        optimizer=keras.optimizers.AdamW(1e-3, weight_decay=0.05, global_clipnorm=1.0),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+        jit_compile=jit_compile,
+    )
+    return model
+
+
+def _data(count):
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-1, 1, (count, 32, 32, 3)).astype("float32")
+    return x, rng.integers(0, 5, count)
+
+
+@pytest.mark.parametrize("jit_compile, parts", [(False, 2), (True, 2), (True, 3)])
+def test_streamed_fit_predict_evaluate_match_one_stream(tiny_config, jit_compile, parts):
+    # 11 images in batches of 4: parts of 2+2 / 2+1+1, a last batch of 3 (uneven
+    # parts, or fewer rows than 3 parts: one part), sample weights on the last fit.
+    x, y = _data(11)
+    weights = np.linspace(0.5, 1.5, 11).astype("float32")
+    plain = _model(tiny_config, jit_compile)
+    cut = streams.use_streams(_model(tiny_config, jit_compile), parts)
+    histories = []
+    for model in (plain, cut):
+        history = model.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0).history
+        history["weighted"] = model.fit(
+            x, y, sample_weight=weights, batch_size=4, shuffle=False, verbose=0
+        ).history["loss"]
+        histories.append(history)
+    for key in ("loss", "accuracy", "weighted"):
+        np.testing.assert_allclose(histories[0][key], histories[1][key], rtol=1e-4, atol=1e-6)
+    for a, b in zip(plain.get_weights(), cut.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-5)
+    assert int(cut.optimizer.iterations.numpy()) == int(plain.optimizer.iterations.numpy()) == 9
+    for batch_size in (4, 1):  # 1: a batch smaller than the parts
+        np.testing.assert_allclose(
+            plain.predict(x, batch_size=batch_size, verbose=0),
+            cut.predict(x, batch_size=batch_size, verbose=0),
+            rtol=1e-4,
+            atol=1e-5,
+        )
+    np.testing.assert_allclose(
+        plain.evaluate(x, y, batch_size=4, verbose=0),
+        cut.evaluate(x, y, batch_size=4, verbose=0),
+        rtol=1e-4,
+        atol=1e-6,
+    )
+
+
+def test_streamed_steps_really_cut_the_batch():
+    # A model whose output mixes the samples of its batch (the batch mean) shows
+    # the parts: the one thing streams must not be used for.
+    inputs = keras.Input((1,))
+    outputs = keras.layers.Lambda(lambda t: t * 0 + keras.ops.mean(t, axis=0, keepdims=True))(
+        inputs
+    )
+    model = keras.Model(inputs, keras.layers.Dense(1, kernel_initializer="ones")(outputs))
+    model.compile(optimizer="sgd", loss="mse")
+    x = np.array([[1.0], [2.0], [3.0], [4.0], [6.0]], "float32")
+    np.testing.assert_allclose(model.predict(x, verbose=0)[:, 0], [3.2] * 5, rtol=1e-6)
+    streams.use_streams(model, 2)
+    np.testing.assert_allclose(model.predict(x, verbose=0)[:, 0], [2, 2, 2, 5, 5], rtol=1e-6)
+    np.testing.assert_allclose(model.predict(x[:1], verbose=0)[:, 0], [1], rtol=1e-6)
+
+
+def test_use_streams_one_undoes_and_recompile_resets(tiny_config):
+    model = streams.use_streams(_model(tiny_config, True), 2)
+    assert "train_step" in vars(model)
+    streams.use_streams(model, 1)
+    assert "train_step" not in vars(model) and "make_train_function" not in vars(model)
+    x, y = _data(4)
+    assert np.isfinite(model.train_on_batch(x, y)[0])
+
+
+@pytest.mark.parametrize("value", [0, -1, 1.5, "2", True])
+def test_bad_streams_are_refused(tiny_config, value):
+    with pytest.raises(ValueError, match="streams"):
+        streams.use_streams(_model(tiny_config, False), value)
+    with pytest.raises(ValueError, match="streams"):
+        streams.configure_cpu_streams(value)
+
+
+def test_use_streams_needs_a_compiled_model(tiny_config):
+    with pytest.raises(ValueError, match="keras.Model"):
+        streams.use_streams("model.keras", 2)
+    model = keras_vit.VisionTransformer(**{**tiny_config, "num_classes": 5})
+    with pytest.raises(ValueError, match="Compile"):
+        streams.use_streams(model, 2)
+
+
+def test_configure_refuses_more_streams_than_cores():
+    with pytest.raises(ValueError, match="cores"):
+        streams.configure_cpu_streams(3, cores=2)
+
+
+def test_compile_model_uses_configured_streams_only_when_asked(tiny_config):
+    model = keras_vit.VisionTransformer(**{**tiny_config, "num_classes": 5})
+    training.compile_model(model, total_steps=4)
+    assert "train_step" not in vars(model)  # "auto" without configure_cpu_streams
+    training.compile_model(model, total_steps=4, streams=2)
+    assert "train_step" in vars(model)
+    x = _data(4)[0]
+    y = keras.utils.to_categorical(_data(4)[1], 5)
+    assert np.isfinite(model.fit(x, y, batch_size=4, verbose=0).history["loss"][0])
+
+
+def _python(code):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND="tensorflow", PYTHONPATH=ROOT)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+
+
+def test_configure_sets_the_threads_and_compile_model_picks_them_up():
+    result = _python(
+        """
+        import tensorflow as tf
+        from keras_vit import streams, training
+        import keras_vit
+        threads = streams.configure_cpu_streams(2, cores=2)
+        assert threads == 1, threads
+        assert tf.config.threading.get_intra_op_parallelism_threads() == 1
+        assert tf.config.threading.get_inter_op_parallelism_threads() == 2
+        model = keras_vit.VisionTransformer(image_size=16, patch_size=8, num_layers=1,
+            num_heads=2, hidden_dim=8, mlp_dim=16, num_classes=3)
+        training.compile_model(model, total_steps=2)
+        assert "train_step" in vars(model)
+        print("ok", streams.configured_streams())
+        """
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "ok 2" in result.stdout
+
+
+def test_configure_after_tensorflow_started_says_when_to_call_it():
+    result = _python(
+        """
+        import tensorflow as tf
+        from keras_vit import streams
+        tf.constant(1.0) + 1.0
+        try:
+            streams.configure_cpu_streams(2, cores=2)
+        except RuntimeError as error:
+            print("refused:", error)
+        """
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "refused:" in result.stdout and "before TensorFlow runs" in result.stdout
