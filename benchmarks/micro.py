@@ -3,9 +3,11 @@
     python benchmarks/micro.py                 # all of them, ViT-S/16 shapes at 224
     python benchmarks/micro.py gemm mlp        # some of them
     python benchmarks/micro.py --tokens 577    # attention at 384 (24 x 24 patches + 1)
+    python benchmarks/micro.py gemm --threads 1   # one thread per product, and two streams
 
 gemm       float32 matrix products at the model's shapes: TensorFlow (oneDNN), XLA, NumPy,
-           PyTorch (where installed)
+           PyTorch (where installed); with --threads 1 also "2 streams": the two halves
+           of the rows as two 1-thread products at the same time (keras_vit.streams)
 mlp        the MLP on (batch, tokens, D) against (batch * tokens, D) rows, graph and XLA
 attention  the attention core (softmax(q k^T) v) written four ways, forward and backward
            (keras_vit's: one transpose, unstack, einsums, a hand-written backward pass)
@@ -60,6 +62,7 @@ def bench_gemm(tokens):
     print("gemm: GFLOP/s of (m, k) @ (k, n)")
     graph = tf.function(tf.matmul)
     xla = tf.function(tf.matmul, jit_compile=True)
+    halves = tf.function(lambda a, b: [tf.matmul(part, b) for part in tf.split(a, 2)])
     try:  # PyTorch's CPU product (MKL on x86): the one timm's Linear layers use
         import torch
     except ImportError:
@@ -76,6 +79,9 @@ def bench_gemm(tokens):
         if torch is not None:
             left, right = torch.from_numpy(a_array), torch.from_numpy(b_array)
             contenders["torch"] = functools.partial(torch.mm, left, right)
+        if tf.config.threading.get_intra_op_parallelism_threads() == 1:
+            # Two independent products, which TensorFlow's executor runs side by side.
+            contenders["tensorflow 2 streams"] = functools.partial(halves, a, b)
         flops = 2.0 * m * k * n
         figures = {name: flops / median_seconds(call) / 1e9 for name, call in contenders.items()}
         print(f"  {(m, k, n)}: " + ", ".join(f"{name} {v:.0f}" for name, v in figures.items()))
@@ -229,11 +235,33 @@ BENCHMARKS = {
 }
 
 
+def set_threads(threads):
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(threads)
+    try:
+        import torch
+    except ImportError:
+        return
+    torch.set_num_threads(threads)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("which", nargs="*", help=f"from {', '.join(BENCHMARKS)} (default: all)")
     parser.add_argument("--tokens", type=int, default=197, help="197 (224) or 577 (384)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="threads per TensorFlow and PyTorch operation (default: theirs, all cores); "
+        "NumPy keeps its own",
+    )
     args = parser.parse_args(argv)
+    if args.threads is not None:
+        if args.threads < 1:
+            parser.error(f"--threads must be >= 1. Received: {args.threads}")
+        set_threads(args.threads)
     unknown = [name for name in args.which if name not in BENCHMARKS]
     if unknown:
         parser.error(f"expected names from {sorted(BENCHMARKS)}. Received: {unknown}")
