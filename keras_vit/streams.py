@@ -1,15 +1,14 @@
 """CPU streams: each batch split into parts that run side by side.
 
 TensorFlow splits every operation of a step across all the CPU cores it has.
-On a small machine that costs more than it gains: a 2-core float32 matrix
-product runs at about 1.6x, not 2x, the speed of a 1-core one, and each of
+On a small machine that split is costly: on 2 cores its float32 matrix
+products run at 1.7-1.8x their 1-core speed (PyTorch's at 2x), and each of
 the step's thousands of small operations waits for both cores. With streams,
 each batch is cut into `streams` parts that do not depend on each other (a
 ViT computes each image on its own); each part runs on its own group of cores,
-and TensorFlow's executor runs the parts at the same time. On a 2-core machine
-two streams predict ViT-S/16 about 15% faster and train it about 8% faster
-(docs/performance.md, `python benchmarks/bench.py --contenders
-keras_vit,keras_vit[streams]`).
+and TensorFlow's executor runs the parts at the same time. On a 2-core
+machine, two streams made ViT-S/16 / ViT-B/16 / ViT-S/16 384 predict 17% / 5%
+/ 14% and train 12% / 8% / 14% faster (docs/performance.md, "CPU streams").
 
 Two steps:
 
