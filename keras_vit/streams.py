@@ -251,19 +251,24 @@ def use_streams(model, streams=None, infer_jit=None):
     steps = _make_steps(model, streams, train_jit, infer_jit)
     for name, step in zip(names, steps):
         setattr(model, name, step)
+    # The steps are graph-mode functions: the executor runs their parts side
+    # by side, which one XLA program for the whole step would not; the parts'
+    # own functions (and the update) decide on XLA themselves.
     for name in makers:
-        make = getattr(type(model), name)
-
-        # The step is a graph-mode function: its parts are XLA programs that
-        # TensorFlow's executor runs side by side, which one XLA program for the
-        # whole step would not.
-        def make_in_graph_mode(force=False, _make=make):
-            jit_compile = model.jit_compile
-            model.jit_compile = False
-            try:
-                return _make(model, force=force)
-            finally:
-                model.jit_compile = jit_compile
-
-        setattr(model, name, make_in_graph_mode)
+        make_without_xla(model, name)
     return model
+
+
+def make_without_xla(model, name):
+    """Overrides `model`'s `name` (a make_*_function) to build its function without XLA."""
+    make = getattr(type(model), name)
+
+    def make_function(force=False):
+        jit_compile = model.jit_compile
+        model.jit_compile = False
+        try:
+            return make(model, force=force)
+        finally:
+            model.jit_compile = jit_compile
+
+    setattr(model, name, make_function)

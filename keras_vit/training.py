@@ -16,7 +16,7 @@ import signal
 
 import keras
 
-from keras_vit.streams import configured_streams, use_streams
+from keras_vit.streams import configured_streams, make_without_xla, use_streams
 
 # Variables (by name) that get no weight decay.
 NO_WEIGHT_DECAY = ("bias", "gamma", "beta", "position_embedding", "class_token")
@@ -171,19 +171,8 @@ def inference_without_xla(model, enabled=True):
         raise ValueError(f"`model` must be a keras.Model. Received: model={model!r}")
     for name in ("make_predict_function", "make_test_function"):
         vars(model).pop(name, None)
-        if not enabled:
-            continue
-        make = getattr(type(model), name)
-
-        def make_without_xla(force=False, _make=make):
-            jit_compile = model.jit_compile
-            model.jit_compile = False
-            try:
-                return _make(model, force=force)
-            finally:
-                model.jit_compile = jit_compile
-
-        setattr(model, name, make_without_xla)
+        if enabled:
+            make_without_xla(model, name)
     model.predict_function = model.test_function = None
 
 
