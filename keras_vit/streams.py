@@ -2,7 +2,7 @@
 
 TensorFlow splits every operation of a step across all the CPU cores it has.
 On a small machine that split is costly: on 2 cores its float32 matrix
-products run at 1.7-1.8x their 1-core speed (PyTorch's at 2x), and each of
+products run at 1.7-1.9x their 1-core speed (PyTorch's at 2x), and each of
 the step's thousands of small operations waits for both cores. With streams,
 each batch is cut into `streams` parts that do not depend on each other (a
 ViT computes each image on its own); each part runs on its own group of cores,
@@ -176,7 +176,7 @@ def _make_steps(model, streams, train_jit, infer_jit):
             return loss, y_pred, [gradients[i] for i in connected]
 
         # Graph mode, not XLA, for the parts: on one core TensorFlow's oneDNN
-        # products run ~18% faster than XLA's, and a ViT-B/16 step is ~13% faster.
+        # products run 15-19% faster than XLA's, and a ViT-B/16 step is ~13% faster.
         part_gradients = tf.function(part_gradients)
 
         def apply(shares, *parts):
