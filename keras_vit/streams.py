@@ -36,7 +36,11 @@ import warnings
 
 import keras
 
+from keras_vit.layers._checks import positive_int
+
 _configured = {"streams": 1}
+# The model attribute holding the step overrides that use_streams replaced.
+_UNSTREAMED = "_keras_vit_unstreamed"
 
 
 def _available_cores():
@@ -53,11 +57,8 @@ def configure_cpu_streams(streams=2, cores=None):
     built). Returns the threads per operation. `cores` defaults to the cores
     this process may run on.
     """
-    if isinstance(streams, bool) or not isinstance(streams, int) or streams < 1:
-        raise ValueError(f"`streams` must be an integer >= 1. Received: streams={streams!r}")
-    cores = _available_cores() if cores is None else cores
-    if isinstance(cores, bool) or not isinstance(cores, int) or cores < 1:
-        raise ValueError(f"`cores` must be an integer >= 1. Received: cores={cores!r}")
+    streams = positive_int("streams", streams)
+    cores = positive_int("cores", _available_cores() if cores is None else cores)
     if streams > cores:
         raise ValueError(
             f"`streams` must not exceed the cores ({cores}): each stream needs at least one. "
@@ -170,7 +171,7 @@ def _make_steps(model, streams, train_jit, infer_jit):
                 loss = model._compute_loss(
                     x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True
                 )
-                scaled = model.optimizer.scale_loss(loss) if model.optimizer else loss
+                scaled = model.optimizer.scale_loss(loss)
             gradients = tape.gradient(scaled, weights)
             connected[:] = [i for i, g in enumerate(gradients) if g is not None]
             return loss, y_pred, [gradients[i] for i in connected]
@@ -228,13 +229,16 @@ def use_streams(model, streams=None, infer_jit=None):
     """
     if not isinstance(model, keras.Model):
         raise ValueError(f"`model` must be a keras.Model. Received: model={model!r}")
-    streams = configured_streams() if streams is None else streams
-    if isinstance(streams, bool) or not isinstance(streams, int) or streams < 1:
-        raise ValueError(f"`streams` must be an integer >= 1. Received: streams={streams!r}")
+    streams = positive_int("streams", configured_streams() if streams is None else streams)
     names = ("train_step", "test_step", "predict_step")
     makers = ("make_train_function", "make_test_function", "make_predict_function")
-    for name in names + makers:
-        vars(model).pop(name, None)
+    # Back to the model as it was before streams, with its own overrides
+    # (inference_without_xla's) if it had any.
+    unstreamed = vars(model).pop(_UNSTREAMED, None)
+    if unstreamed is not None:
+        for name in names + makers:
+            vars(model).pop(name, None)
+        vars(model).update(unstreamed)
     model.train_function = model.test_function = model.predict_function = None
     if streams == 1:
         return model
@@ -249,6 +253,7 @@ def use_streams(model, streams=None, infer_jit=None):
     train_jit = bool(model.jit_compile)
     infer_jit = train_jit if infer_jit is None else bool(infer_jit)
     steps = _make_steps(model, streams, train_jit, infer_jit)
+    vars(model)[_UNSTREAMED] = {n: vars(model)[n] for n in names + makers if n in vars(model)}
     for name, step in zip(names, steps):
         setattr(model, name, step)
     # The steps are graph-mode functions: the executor runs their parts side

@@ -142,10 +142,8 @@ def compile_model(
         build_optimizer_state(model)
     inference_without_xla(model, jit_compile and graph_inference)
     if streams == "auto":
-        single = keras.backend.backend() == "tensorflow" and (
-            model.distribute_strategy.num_replicas_in_sync == 1
-        )
-        streams = configured_streams() if single and cpu_only_tensorflow() else 1
+        single = cpu_only_tensorflow() and model.distribute_strategy.num_replicas_in_sync == 1
+        streams = configured_streams() if single else 1
     if streams != 1:
         use_streams(model, streams, infer_jit=jit_compile and not graph_inference)
     return model

@@ -16,9 +16,9 @@ pytestmark = pytest.mark.tensorflow_only
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _model(tiny_config, jit_compile, dropout=0.0):
+def _model(tiny_config, jit_compile):
     keras.utils.set_random_seed(3)
-    model = keras_vit.VisionTransformer(**{**tiny_config, "num_classes": 5}, dropout_rate=dropout)
+    model = keras_vit.VisionTransformer(**{**tiny_config, "num_classes": 5})
     model.compile(
         optimizer=keras.optimizers.AdamW(1e-3, weight_decay=0.05, global_clipnorm=1.0),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
@@ -92,6 +92,20 @@ def test_use_streams_one_undoes_and_recompile_resets(tiny_config):
     assert "train_step" not in vars(model) and "make_train_function" not in vars(model)
     x, y = _data(4)
     assert np.isfinite(model.train_on_batch(x, y)[0])
+
+
+def test_use_streams_one_restores_the_overrides_it_replaced(tiny_config):
+    # compile_model on a CPU-only machine predicts in graph mode
+    # (inference_without_xla); streams and their undo must not lose that.
+    model = keras_vit.VisionTransformer(**{**tiny_config, "num_classes": 5})
+    training.compile_model(model, total_steps=4)
+    graph_predict = vars(model)["make_predict_function"]
+    streams.use_streams(model, 2)
+    streams.use_streams(model, 2)  # again, as after a recompile
+    assert vars(model)["make_predict_function"] is not graph_predict
+    streams.use_streams(model, 1)
+    assert vars(model)["make_predict_function"] is graph_predict
+    assert "predict_step" not in vars(model)
 
 
 @pytest.mark.parametrize("value", [0, -1, 1.5, "2", True])
