@@ -3,6 +3,7 @@
     python benchmarks/profile_step.py                          # ViT-S/16 224 training step, XLA
     python benchmarks/profile_step.py --mode infer             # predict_on_batch
     python benchmarks/profile_step.py --image-size 384 --jit 0 # graph-mode training at 384
+    python benchmarks/profile_step.py --streams 2              # two CPU streams
     KERAS_BACKEND=jax python benchmarks/profile_step.py        # the JAX backend
 
 The model and its compile settings are benchmarks/runner.py's `keras_vit`
@@ -143,18 +144,26 @@ def main(argv=None):
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--mode", default="train", choices=("train", "infer"))
     parser.add_argument("--jit", default="auto", choices=("auto", "0", "1"))
+    parser.add_argument("--streams", type=int, default=1, help="CPU streams (keras_vit.streams)")
     parser.add_argument("--steps", type=int, default=3, help="profiled steps (after 3 warm-up)")
     parser.add_argument("--top", type=int, default=25, help="rows to print")
     parser.add_argument("--trace-dir", help="keep the trace here (default: a temporary folder)")
     args = parser.parse_args(argv)
-    if args.steps < 1 or args.top < 1:
-        parser.error(f"--steps and --top must be >= 1. Received: {args.steps}, {args.top}")
+    if args.steps < 1 or args.top < 1 or args.streams < 1:
+        parser.error(
+            "--steps, --top and --streams must be >= 1. "
+            f"Received: {args.steps}, {args.top}, {args.streams}"
+        )
     if args.image_size < 16 or args.image_size % 16:
         parser.error(f"--image-size must be a multiple of 16. Received: {args.image_size}")
 
     arch = ARCHITECTURES[args.model]
     contender = KerasContender(
-        build_keras_vit, arch, args.image_size, args.batch_size, {"jit": args.jit}
+        build_keras_vit,
+        arch,
+        args.image_size,
+        args.batch_size,
+        {"jit": args.jit, "streams": str(args.streams)},
     )
     step = getattr(contender, args.mode)
     for _ in range(3):
