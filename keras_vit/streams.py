@@ -199,8 +199,9 @@ def _make_steps(model, streams, train_jit, infer_jit):
             ]
             if connected:
                 # Summed here, one variable at a time, as the parts' gradients
-                # come: each pair is freed once added, so the parts never hold
-                # two full copies of the gradients at once.
+                # come: each pair is freed once added, so the two full sets are
+                # not all alive at once (an update that took both sets kept
+                # them until the last gradient came).
                 apply([tf.add_n([part[2][i] for part in parts]) for i in range(len(connected))])
             loss = tf.add_n([tf.cast(s, p[0].dtype) * p[0] for s, p in zip(shares, parts)])
             return loss, _concat([part[1] for part in parts])
