@@ -45,24 +45,70 @@ def npz(tmp_path):
     return str(path)
 
 
-@pytest.mark.parametrize(
-    "args, message",
-    [
-        (["--epochs", "0"], "--epochs"),
-        (["--strategy", "horovod"], "--strategy"),
-        (["--model", "ViT_Q99"], "--model"),
-        (["--data", "/no/such/folder"], "data="),
-        (["--weights", "/no/such.npz"], "--weights"),
-        (["--resume"], "--resume"),
-        (["--cpu-streams", "0"], "--cpu-streams"),
-        (["--cpu-streams", "999"], "--cpu-streams"),
-    ],
-)
-def test_bad_arguments_exit_2_without_traceback(args, message, tmp_path):
-    result = _cli("train", "--output", str(tmp_path / "out"), *args, timeout=120)
-    assert result.returncode == 2, result.stderr
-    assert "usage:" in result.stderr and message in result.stderr
-    assert "Traceback" not in result.stderr
+BAD_ARGUMENTS = [
+    (["--epochs", "0"], "--epochs"),
+    (["--strategy", "horovod"], "--strategy"),
+    (["--model", "ViT_Q99"], "--model"),
+    (["--data", "/no/such/folder"], "data="),
+    (["--weights", "/no/such.npz"], "--weights"),
+    (["--resume"], "--resume"),
+    (["--cpu-streams", "0"], "--cpu-streams"),
+    (["--cpu-streams", "999"], "--cpu-streams"),
+]
+
+# Runs each command line through keras_vit.cli.main (what the `keras-vit`
+# entry point calls), capturing its exit code and stderr; an exception that
+# escapes main is printed with its traceback.
+_BAD_ARGUMENTS_DRIVER = """
+import contextlib, io, json, sys, traceback
+from keras_vit.cli import main
+results = []
+for argv in json.loads(sys.argv[1]):
+    stderr = io.StringIO()
+    with contextlib.redirect_stderr(stderr):
+        try:
+            code = main(argv)
+        except SystemExit as exit:
+            code = exit.code
+        except BaseException:
+            traceback.print_exc()
+            code = "raised"
+    results.append([code, stderr.getvalue()])
+print(json.dumps(results))
+"""
+
+
+@pytest.fixture(scope="module")
+def bad_argument_runs(tmp_path_factory):
+    """(exit code, stderr) of every BAD_ARGUMENTS case, in one fresh process.
+
+    One process for all cases: each would otherwise start TensorFlow anew
+    (~10 s). Each case has its own output folder.
+    """
+    folder = tmp_path_factory.mktemp("bad-arguments")
+    argvs = [
+        ["train", "--output", str(folder / f"out{i}"), *args]
+        for i, (args, _) in enumerate(BAD_ARGUMENTS)
+    ]
+    result = subprocess.run(
+        [sys.executable, "-c", _BAD_ARGUMENTS_DRIVER, json.dumps(argvs)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=_env(),
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("case", range(len(BAD_ARGUMENTS)))
+def test_bad_arguments_exit_2_without_traceback(bad_argument_runs, case):
+    code, stderr = bad_argument_runs[case]
+    message = BAD_ARGUMENTS[case][1]
+    assert code == 2, stderr
+    assert "usage:" in stderr and message in stderr
+    assert "Traceback" not in stderr
 
 
 def test_refuses_non_empty_output(tmp_path):
