@@ -24,15 +24,20 @@ def _env(**extra):
     return env
 
 
-def _cli(*args, timeout=240, **env):
+def _python(*args, timeout=240, **env):
+    """`python ARGS` in a fresh process, from the repository root."""
     return subprocess.run(
-        [sys.executable, "-m", "keras_vit", *args],
+        [sys.executable, *args],
         capture_output=True,
         text=True,
         timeout=timeout,
         env=_env(**env),
         cwd=ROOT,
     )
+
+
+def _cli(*args, timeout=240, **env):
+    return _python("-m", "keras_vit", *args, timeout=timeout, **env)
 
 
 @pytest.fixture
@@ -90,14 +95,7 @@ def bad_argument_runs(tmp_path_factory):
         ["train", "--output", str(folder / f"out{i}"), *args]
         for i, (args, _) in enumerate(BAD_ARGUMENTS)
     ]
-    result = subprocess.run(
-        [sys.executable, "-c", _BAD_ARGUMENTS_DRIVER, json.dumps(argvs)],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env=_env(),
-        cwd=ROOT,
-    )
+    result = _python("-c", _BAD_ARGUMENTS_DRIVER, json.dumps(argvs))
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout.strip().splitlines()[-1])
 
