@@ -1,26 +1,56 @@
 #!/usr/bin/env bash
 # ViT-B/16 training throughput on one NVIDIA GPU, bfloat16 mixed precision:
-# keras_vit on the JAX backend (jit train step) against timm with torch.compile
-# and fused attention (scaled_dot_product_attention). Prints images/s and
-# model-FLOPs utilisation (MFU = images/s x 3 x forward FLOPs / peak bf16 FLOP/s).
+# keras_vit on the JAX backend against timm with torch.compile and fused
+# attention (scaled_dot_product_attention), AdamW for both, the same fixed
+# batch on the GPU for both. Prints images/s and model-FLOPs utilisation
+# (MFU = images/s x 3 x forward FLOPs / peak dense bf16 FLOP/s).
 #
 #   bash benchmarks/gpu.sh                 # batch 128, 224x224, 30 timed steps
 #   BATCH=256 STEPS=50 PEAK_TFLOPS=989 bash benchmarks/gpu.sh
+#   CPU_CHECK=1 bash benchmarks/gpu.sh     # tiny sizes on the CPU: checks the
+#                                          # script itself, measures nothing
 #
-# Needs: jax with CUDA (or TensorFlow with a GPU: KERAS_BACKEND=tensorflow) and
-# keras; torch with CUDA + timm for the comparison (skipped when absent).
+# keras_vit is timed two ways: "jit step", one jax.jit program of the forward
+# pass, the backward pass and the AdamW update over Keras' stateless API (what
+# Keras' own JAX trainer compiles), and "train_on_batch", Keras' trainer, which
+# copies the state back and waits for the loss after every step.
+#
+# Needs jax with CUDA (or TensorFlow with a GPU: KERAS_BACKEND=tensorflow, which
+# times the trainer only) and keras; torch with CUDA and timm for the
+# comparison (reported as failed when absent). Where keras is not installed
+# (the lent GPU machines have jax, torch and timm but no keras), fetch its
+# wheels on a machine with pip access first: `bash benchmarks/gpu_wheels.sh`
+# writes them to .whl/, and this script installs them into a temporary folder.
 # Writes benchmarks/results/gpu-<UTC time>.json (or $OUT/gpu.json when OUT is set).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+PY="${PYTHON:-python3}"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export TF_CPP_MIN_LOG_LEVEL=3 XLA_PYTHON_CLIENT_PREALLOCATE=false
-BATCH="${BATCH:-128}" STEPS="${STEPS:-30}" WARMUP="${WARMUP:-5}" IMAGE="${IMAGE:-224}"
+export CPU_CHECK="${CPU_CHECK:-0}"
+if [ "$CPU_CHECK" = 1 ]; then
+    BATCH="${BATCH:-2}" STEPS="${STEPS:-2}" WARMUP="${WARMUP:-1}" IMAGE="${IMAGE:-64}"
+    export JAX_PLATFORMS=cpu CUDA_VISIBLE_DEVICES=""
+else
+    BATCH="${BATCH:-128}" STEPS="${STEPS:-30}" WARMUP="${WARMUP:-5}" IMAGE="${IMAGE:-224}"
+fi
 STAMP="$(date -u +%Y%m%d-%H%M%S)"
 RESULT="${OUT:+$OUT/gpu.json}"
 RESULT="${RESULT:-benchmarks/results/gpu-$STAMP.json}"
 mkdir -p "$(dirname "$RESULT")"
 LOG="$(mktemp -d)"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+
+if ! "$PY" -c "import keras" 2>/dev/null; then
+    if compgen -G ".whl/*.whl" >/dev/null; then
+        echo "keras is not installed: installing .whl/*.whl into $LOG/site"
+        "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+            --target "$LOG/site" .whl/*.whl || exit 1
+        export PYTHONPATH="$PYTHONPATH:$LOG/site"
+    else
+        echo "keras is not installed and .whl/ holds no wheels (bash benchmarks/gpu_wheels.sh)"
+    fi
+fi
+[ "$CPU_CHECK" = 1 ] || nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 
 # Peak dense bf16 FLOP/s for the MFU; override with PEAK_TFLOPS.
 peak_tflops() {
@@ -39,86 +69,145 @@ peak_tflops() {
     esac
 }
 PEAK="$(peak_tflops)"
+[ "$CPU_CHECK" = 1 ] && PEAK=0
 export BATCH STEPS WARMUP IMAGE PEAK
 
-# Forward FLOPs of ViT-B/16 (2 per multiply-add), the same count as bench.py.
-FLOPS="$(python - <<'EOF'
-import os
-p, d, m, L, s = 16, 768, 3072, 12, int(os.environ["IMAGE"])
-n = (s // p) ** 2; t = n + 1
-print(2 * n * p * p * 3 * d + L * (2 * t * d * 3 * d + 4 * t * t * d + 2 * t * d * d + 4 * t * d * m) + 2 * d * 1000)
-EOF
-)"
+# Forward FLOPs of ViT-B/16 per image (2 per multiply-add), bench.py's count.
+FLOPS="$("$PY" -c "import sys; sys.path.insert(0, 'benchmarks'); from bench import model_flops
+print(model_flops('B16', $IMAGE))")" || exit 1
 export FLOPS
 
 echo "== keras_vit (KERAS_BACKEND=${KERAS_BACKEND:-jax}), mixed_bfloat16, batch $BATCH"
-KERAS_BACKEND="${KERAS_BACKEND:-jax}" timeout 900 python - >"$LOG/keras_vit.json" <<'EOF'
-import json, os, time
+KERAS_BACKEND="${KERAS_BACKEND:-jax}" timeout 900 "$PY" - >"$LOG/keras_vit.json" 2>"$LOG/keras_vit.err" <<'EOF'
+import functools, json, os, sys, time
 import numpy as np
 import keras
 import keras_vit
 
 batch, steps, warmup, size = (int(os.environ[k]) for k in ("BATCH", "STEPS", "WARMUP", "IMAGE"))
+cpu_check = os.environ["CPU_CHECK"] == "1"
+backend = keras.backend.backend()
+if backend == "jax":
+    import jax
+    device = str(jax.devices()[0])
+    gpu = jax.devices()[0].platform == "gpu"
+else:
+    import tensorflow as tf
+    gpu = bool(tf.config.list_physical_devices("GPU"))
+    device = "GPU" if gpu else "CPU"
+if not gpu and not cpu_check:
+    sys.exit(f"keras ({backend}) sees no GPU, only {device}")
+
 keras.config.set_dtype_policy("mixed_bfloat16")
 model = keras_vit.ViT_B16(image_size=size, num_classes=1000)
-model.compile(
-    optimizer=keras.optimizers.AdamW(1e-4, weight_decay=0.05),
-    loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-    jit_compile=True,
-)
+loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 rng = np.random.default_rng(0)
-images = rng.uniform(-1, 1, (batch, size, size, 3)).astype("float32")
-labels = rng.integers(0, 1000, (batch,))
-for _ in range(warmup):
-    model.train_on_batch(images, labels)
-start = time.perf_counter()
-for _ in range(steps):
-    loss = model.train_on_batch(images, labels)
-float(np.asarray(loss))
-elapsed = time.perf_counter() - start
-print(json.dumps({"contender": "keras_vit", "backend": keras.backend.backend(),
-                  "images_per_s": steps * batch / elapsed, "loss": float(np.asarray(loss))}))
+images = keras.ops.convert_to_tensor(rng.uniform(-1, 1, (batch, size, size, 3)).astype("float32"))
+labels = keras.ops.convert_to_tensor(rng.integers(0, 1000, (batch,)).astype("int32"))
+
+
+def timed(step):
+    """images/s over `steps` calls after `warmup`, waiting for the last result."""
+    for _ in range(warmup):
+        loss = step()
+    float(np.asarray(loss))
+    start = time.perf_counter()
+    for _ in range(steps):
+        loss = step()
+    loss = float(np.asarray(loss))
+    return steps * batch / (time.perf_counter() - start), loss
+
+
+def report(variant, images_per_s, loss):
+    print(json.dumps({"contender": f"keras_vit ({variant})", "backend": backend, "device": device,
+                      "keras": keras.__version__, "images_per_s": images_per_s, "loss": loss}),
+          flush=True)
+
+
+if backend == "jax":
+    optimizer = keras.optimizers.AdamW(1e-4, weight_decay=0.05)
+    optimizer.build(model.trainable_variables)
+
+    def compute_loss(trainable, non_trainable, x, y):
+        logits, non_trainable = model.stateless_call(trainable, non_trainable, x, training=True)
+        return loss_fn(y, logits), non_trainable
+
+    gradients = jax.value_and_grad(compute_loss, has_aux=True)
+
+    @functools.partial(jax.jit, donate_argnums=(0, 1, 2))
+    def train_step(trainable, non_trainable, slots, x, y):
+        (loss, non_trainable), grads = gradients(trainable, non_trainable, x, y)
+        trainable, slots = optimizer.stateless_apply(slots, grads, trainable)
+        return trainable, non_trainable, slots, loss
+
+    state = [[v.value for v in model.trainable_variables],
+             [v.value for v in model.non_trainable_variables],
+             [v.value for v in optimizer.variables]]
+
+    def jit_step():
+        *state[:], loss = train_step(*state, images, labels)  # the donated state replaced
+        return loss
+
+    report("jit step", *timed(jit_step))
+    # The model's own buffers were donated to the first step: give it the last values.
+    for variable, value in zip(model.trainable_variables + model.non_trainable_variables,
+                               state[0] + state[1]):
+        variable.assign(value)
+
+model.compile(optimizer=keras.optimizers.AdamW(1e-4, weight_decay=0.05), loss=loss_fn,
+              jit_compile=True)
+report("train_on_batch", *timed(lambda: model.train_on_batch(images, labels)))
 EOF
-echo "rc=$? $(cat "$LOG/keras_vit.json")"
+echo "rc=$?"; cat "$LOG/keras_vit.json"; tail -3 "$LOG/keras_vit.err"
 
 echo "== timm, torch.compile, SDPA, bf16 autocast, batch $BATCH"
-timeout 900 python - >"$LOG/timm.json" <<'EOF'
-import json, os, time
+timeout 900 "$PY" - >"$LOG/timm.json" 2>"$LOG/timm.err" <<'EOF'
+import json, os, sys, time
 import torch
 import timm
 
 batch, steps, warmup, size = (int(os.environ[k]) for k in ("BATCH", "STEPS", "WARMUP", "IMAGE"))
-assert torch.cuda.is_available(), "no CUDA device for torch"
-torch.backends.cuda.matmul.allow_tf32 = True
-model = timm.create_model("vit_base_patch16_224", pretrained=False, img_size=size).cuda()
-optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.05, fused=True)
+device = "cpu" if os.environ["CPU_CHECK"] == "1" else "cuda"
+if device == "cuda" and not torch.cuda.is_available():
+    sys.exit("torch sees no CUDA device")
+model = timm.create_model("vit_base_patch16_224", pretrained=False, img_size=size).to(device)
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.05,
+                              fused=device == "cuda")
 loss_fn = torch.nn.CrossEntropyLoss()
 compiled = torch.compile(model)
-images = torch.rand(batch, 3, size, size, device="cuda") * 2 - 1
-labels = torch.randint(0, 1000, (batch,), device="cuda")
+images = torch.rand(batch, 3, size, size, device=device) * 2 - 1
+labels = torch.randint(0, 1000, (batch,), device=device)
+
 
 def step():
     optimizer.zero_grad(set_to_none=True)
-    with torch.autocast("cuda", dtype=torch.bfloat16):
+    with torch.autocast(device, dtype=torch.bfloat16):
         loss = loss_fn(compiled(images), labels)
     loss.backward()
     optimizer.step()
     return loss
 
+
+def synchronize():
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
 for _ in range(warmup):
     step()
-torch.cuda.synchronize()
+synchronize()
 start = time.perf_counter()
 for _ in range(steps):
     loss = step()
-torch.cuda.synchronize()
+synchronize()
 elapsed = time.perf_counter() - start
-print(json.dumps({"contender": "timm", "torch": torch.__version__,
-                  "images_per_s": steps * batch / elapsed, "loss": float(loss)}))
+print(json.dumps({"contender": "timm (torch.compile)", "device": device, "torch": torch.__version__,
+                  "timm": timm.__version__, "images_per_s": steps * batch / elapsed,
+                  "loss": float(loss.detach())}))
 EOF
-echo "rc=$? $(cat "$LOG/timm.json")"
+echo "rc=$?"; cat "$LOG/timm.json"; tail -3 "$LOG/timm.err"
 
-python - "$LOG" "$RESULT" <<'EOF'
+"$PY" - "$LOG" "$RESULT" <<'EOF'
 import json, os, sys
 log, result = sys.argv[1], sys.argv[2]
 flops, peak = float(os.environ["FLOPS"]), float(os.environ["PEAK"])
@@ -126,20 +215,26 @@ rows = []
 for name in ("keras_vit", "timm"):
     try:
         with open(os.path.join(log, name + ".json")) as handle:
-            row = json.loads(handle.read().strip().splitlines()[-1])
-    except (OSError, ValueError, IndexError):
-        row = {"contender": name, "images_per_s": None, "skipped": "failed or not installed"}
+            found = [json.loads(line) for line in handle if line.startswith("{")]
+    except OSError:
+        found = []
+    if not found:
+        with open(os.path.join(log, name + ".err")) as handle:
+            error = handle.read().strip().splitlines()[-3:]
+        found = [{"contender": name, "images_per_s": None, "error": error}]
+    rows += found
+for row in rows:
     if row.get("images_per_s") and peak:
         row["mfu"] = row["images_per_s"] * 3 * flops / (peak * 1e12)
-    rows.append(row)
 report = {"model": "ViT-B/16", "image_size": int(os.environ["IMAGE"]),
-          "batch": int(os.environ["BATCH"]), "dtype": "bfloat16 mixed",
+          "batch": int(os.environ["BATCH"]), "steps": int(os.environ["STEPS"]),
+          "dtype": "bfloat16 mixed", "cpu_check": os.environ["CPU_CHECK"] == "1",
           "forward_gflops_per_image": flops / 1e9, "peak_bf16_tflops": peak, "results": rows}
 print("| contender | images/s | MFU |\n|---|---:|---:|")
 for row in rows:
     ips, mfu = row.get("images_per_s"), row.get("mfu")
-    print(f"| {row['contender']} | {ips:.0f} | {mfu:.1%} |" if ips and mfu is not None
-          else f"| {row['contender']} | {ips or '-'} | - |")
+    print(f"| {row['contender']} | {ips:.1f} | " + (f"{mfu:.1%} |" if mfu is not None else "- |")
+          if ips else f"| {row['contender']} | failed: {' / '.join(row.get('error', []))} | - |")
 with open(result, "w") as handle:
     json.dump(report, handle, indent=2)
 print("wrote", result)

@@ -1,7 +1,13 @@
-"""The fast paths compute the same numbers: rematerialization, and the benchmark's FLOPs."""
+"""The fast paths compute the same numbers: rematerialization, and the benchmark's FLOPs.
+
+Also: the benchmark scripts run (profile_step.py, gpu.sh's CPU check).
+"""
 
 import importlib.util
+import json
 import os
+import subprocess
+import sys
 
 import keras
 import numpy as np
@@ -173,3 +179,34 @@ def test_bench_targets_rate_every_keras_vit_variant_against_the_fastest_peer():
     assert checks["train keras_vit[streams]"]["lead_over_fastest_peer"] == pytest.approx(0.9)
     assert not checks["train keras_vit[streams]"]["holds"]
     assert checks["memory keras_vit"]["holds"] is False
+
+
+@pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="needs jax")
+def test_gpu_script_runs_end_to_end_in_its_cpu_check(tmp_path):
+    """benchmarks/gpu.sh with CPU_CHECK=1: tiny sizes on the CPU, every stage of the script.
+
+    No GPU is needed; this keeps the script working for the sessions that get one.
+    timm is timed where torch and timm are installed and reported as failed otherwise.
+    """
+    env = dict(os.environ, CPU_CHECK="1", OUT=str(tmp_path), PYTHON=sys.executable)
+    env.pop("KERAS_BACKEND", None)  # the script's default, JAX
+    done = subprocess.run(
+        ["bash", os.path.join(ROOT, "benchmarks", "gpu.sh")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    with open(tmp_path / "gpu.json") as handle:
+        report = json.load(handle)
+    assert report["cpu_check"] and report["model"] == "ViT-B/16"
+    rows = {row["contender"]: row for row in report["results"]}
+    for name in ("keras_vit (jit step)", "keras_vit (train_on_batch)"):
+        assert rows[name]["backend"] == "jax" and rows[name]["images_per_s"] > 0, rows
+        # Random labels over 1000 classes: about ln(1000) = 6.9 after a few steps.
+        assert 1.0 < rows[name]["loss"] < 12.0, rows[name]
+    timm_rows = [row for name, row in rows.items() if name.startswith("timm")]
+    assert len(timm_rows) == 1
+    assert timm_rows[0]["images_per_s"] or timm_rows[0]["error"], timm_rows
+    assert "| keras_vit (jit step) |" in done.stdout
