@@ -16,6 +16,7 @@ import signal
 
 import keras
 
+from keras_vit import _cpu
 from keras_vit.streams import configured_streams, make_without_xla, use_streams
 
 # Variables (by name) that get no weight decay.
@@ -120,13 +121,25 @@ def compile_model(
     layer norm of `keras_vit.layers.LayerNorm`) run ViT-S/16 inference about
     10% faster than XLA on CPUs. `jit_compile=True` compiles all three.
 
+    A model that computes in bfloat16 (`dtype="mixed_bfloat16"`, or the policy
+    `keras-vit train --mixed-precision` sets on CPUs) changes "auto" on a
+    TensorFlow machine without GPU or TPU. Where the CPU has bfloat16
+    instructions (AVX512_BF16, AMX), the train step runs in graph mode too,
+    whose oneDNN kernels use them: ViT-S/16 trains 1.55x and ViT-B/16 1.75x
+    faster than with XLA (with streams, whose parts already run in graph mode,
+    the optimizer update stays one XLA program). Where it has not, `predict`
+    and `evaluate` use XLA too: graph mode emulates bfloat16 and predicts
+    ViT-S/16 3.3x slower (docs/performance.md, "bfloat16 on the CPU").
+
     `streams="auto"` cuts each batch into the parts set by
     `keras_vit.streams.configure_cpu_streams` (none when it was not called), on
     a TensorFlow machine without GPU or TPU and one replica; an integer asks for
     that many (`keras_vit.streams.use_streams`).
     """
-    graph_inference = jit_compile == "auto" and cpu_only_tensorflow()
-    jit_compile = resolve_jit_compile(jit_compile)
+    if streams == "auto":
+        single = cpu_only_tensorflow() and model.distribute_strategy.num_replicas_in_sync == 1
+        streams = configured_streams() if single else 1
+    train_xla, infer_xla = plan_xla(model, jit_compile, streams)
     if warmup_steps is None:
         warmup_steps = max(1, total_steps // 10)
     schedule = WarmupCosine(learning_rate, total_steps, min(warmup_steps, total_steps))
@@ -134,19 +147,34 @@ def compile_model(
         optimizer=build_optimizer(optimizer, schedule, weight_decay, clipnorm=clipnorm),
         loss=build_loss(label_smoothing),
         metrics=[keras.metrics.CategoricalAccuracy(name="accuracy")],
-        jit_compile=jit_compile,
+        jit_compile=train_xla,
     )
     if keras.backend.backend() == "tensorflow" and _in_multi_worker_mode(model.distribute_strategy):
         _prepare_multi_worker(model)
     else:
         build_optimizer_state(model)
-    inference_without_xla(model, jit_compile and graph_inference)
-    if streams == "auto":
-        single = cpu_only_tensorflow() and model.distribute_strategy.num_replicas_in_sync == 1
-        streams = configured_streams() if single else 1
+    inference_without_xla(model, train_xla and not infer_xla)
     if streams != 1:
-        use_streams(model, streams, infer_jit=jit_compile and not graph_inference)
+        use_streams(model, streams, infer_jit=infer_xla)
     return model
+
+
+def plan_xla(model, jit_compile="auto", streams=1):
+    """(XLA for the train step, XLA for predict and evaluate), as `compile_model` decides.
+
+    `jit_compile` is "auto", True or False; `streams` the parts each batch is
+    cut into (1: none). See `compile_model` for what "auto" picks and why.
+    """
+    train_xla = resolve_jit_compile(jit_compile)
+    if jit_compile != "auto" or not cpu_only_tensorflow():
+        return train_xla, train_xla
+    if not _cpu.computes_in_bfloat16(model):
+        return train_xla, False
+    if _cpu.native_bfloat16():
+        # Graph mode's oneDNN kernels use the CPU's bfloat16 instructions; with
+        # streams, whose parts run in graph mode, only the update stays XLA.
+        return train_xla and streams != 1, False
+    return train_xla, train_xla
 
 
 def cpu_only_tensorflow():

@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import keras
 import numpy as np
@@ -108,6 +109,23 @@ def test_use_streams_one_restores_the_overrides_it_replaced(tiny_config):
     streams.use_streams(model, 1)
     assert vars(model)["make_predict_function"] is graph_predict
     assert "predict_step" not in vars(model)
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_use_streams_warns_of_bfloat16_without_cpu_instructions(tiny_config, monkeypatch, native):
+    from keras_vit import _cpu
+
+    monkeypatch.setattr(_cpu, "native_bfloat16", lambda: native)
+    model = keras_vit.VisionTransformer(**tiny_config, dtype="mixed_bfloat16")
+    model.compile(optimizer="adamw", loss="mse")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        streams.use_streams(model, 2)
+    assert any("bfloat16" in str(w.message) for w in caught) is not native
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        streams.use_streams(_model(tiny_config, False), 2)  # float32
+    assert not any("bfloat16" in str(w.message) for w in caught)
 
 
 @pytest.mark.parametrize("value", [0, -1, 1.5, "2", True])

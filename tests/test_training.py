@@ -1,6 +1,7 @@
 """The training recipe: schedule, optimizer, weight-decay exclusions, strategies."""
 
 import math
+import warnings
 
 import keras
 import numpy as np
@@ -145,6 +146,69 @@ def test_compile_model_auto_leaves_inference_to_graph_mode_on_cpus(tiny_config, 
     assert np.isfinite(model.test_on_batch(images, labels)).all()
     with pytest.raises(ValueError, match="keras.Model"):
         training.inference_without_xla("model.keras")
+
+
+def test_native_bfloat16_reads_the_cpu_flags_and_onednn_settings(tmp_path, monkeypatch):
+    from keras_vit import _cpu
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f amx_bf16 amx_tile\n")
+    assert {"avx2", "amx_bf16"} <= _cpu.cpu_flags(str(cpuinfo))
+    assert _cpu.cpu_flags(str(tmp_path / "missing")) == set()
+
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    monkeypatch.delenv("TF_ENABLE_ONEDNN_OPTS", raising=False)
+    for flags, native in [
+        ({"avx512f", "avx512_bf16"}, True),
+        ({"amx_bf16"}, True),
+        ({"avx2"}, False),
+    ]:
+        monkeypatch.setattr(_cpu, "cpu_flags", lambda flags=flags: flags)
+        assert _cpu.native_bfloat16() is native
+    monkeypatch.setattr(_cpu, "cpu_flags", lambda: {"amx_bf16"})
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "avx512_core")
+    assert _cpu.native_bfloat16() is False
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_AMX")
+    assert _cpu.native_bfloat16() is True
+    monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "0")
+    assert _cpu.native_bfloat16() is False
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_compile_model_auto_runs_bfloat16_where_the_cpu_runs_it_fast(
+    tiny_config, monkeypatch, native
+):
+    """CPU bfloat16 instructions: graph mode (oneDNN) throughout; none: XLA throughout."""
+    import keras_vit
+    from keras_vit import _cpu
+
+    monkeypatch.setattr(_cpu, "native_bfloat16", lambda: native)
+    model = keras_vit.VisionTransformer(**tiny_config, dtype="mixed_bfloat16")
+    training.compile_model(model, total_steps=10)
+    assert model.jit_compile is not native
+    assert any(_xla_requests(monkeypatch, model.make_train_function)) is not native
+    assert any(_xla_requests(monkeypatch, model.make_predict_function)) is not native
+    assert any(_xla_requests(monkeypatch, model.make_test_function)) is not native
+    size = tiny_config["image_size"]
+    images = np.random.default_rng(0).uniform(-1, 1, (2, size, size, 3)).astype("float32")
+    labels = keras.utils.to_categorical([0, 1], tiny_config["num_classes"])
+    assert np.isfinite(model.train_on_batch(images, labels)[0])
+    assert model.predict_on_batch(images).dtype == np.float32
+    # With streams the parts already run in graph mode; the update stays XLA.
+    # Without the instructions, use_streams warns that its parts will be slow.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        training.compile_model(model, total_steps=10, streams=2)
+    assert model.jit_compile is True
+    assert any("bfloat16" in str(w.message) for w in caught) is not native
+    # float32 models and an explicit jit_compile are left as they were.
+    float32 = keras_vit.VisionTransformer(**tiny_config)
+    training.compile_model(float32, total_steps=10)
+    assert float32.jit_compile is True
+    assert not any(_xla_requests(monkeypatch, float32.make_predict_function))
+    training.compile_model(model, total_steps=10, jit_compile=True)
+    assert model.jit_compile is True
+    assert any(_xla_requests(monkeypatch, model.make_predict_function))
 
 
 def test_compile_model_builds_optimizer_slots_before_the_first_step(tiny_config):

@@ -1,0 +1,56 @@
+"""What the CPU computes natively: picks graph mode or XLA for bfloat16 models.
+
+TensorFlow's graph-mode kernels (oneDNN) run bfloat16 matrix products on the
+CPU's own bfloat16 instructions (AVX512_BF16, AMX) where it has them, and
+emulate them, far slower, where it does not; XLA on the CPU is in between.
+Measured on a 2-core Xeon with AMX (docs/performance.md, "bfloat16 on the
+CPU"): a mixed_bfloat16 ViT-S/16 trains 1.55x faster in graph mode than with
+XLA; with oneDNN capped below bfloat16 (`ONEDNN_MAX_CPU_ISA=AVX512_CORE`, as
+on a CPU without it), graph mode trains 3.2x and predicts 3.3x slower than XLA.
+"""
+
+import os
+
+# oneDNN's ONEDNN_MAX_CPU_ISA values whose instruction sets lack bfloat16.
+_ISAS_WITHOUT_BFLOAT16 = {
+    "SSE41",
+    "AVX",
+    "AVX2",
+    "AVX2_VNNI",
+    "AVX2_VNNI_2",
+    "AVX512_CORE",
+    "AVX512_CORE_VNNI",
+}
+_BFLOAT16_FLAGS = {"avx512_bf16", "amx_bf16"}
+
+
+def cpu_flags(path="/proc/cpuinfo"):
+    """The CPU's feature flags as Linux lists them; empty where it cannot be read."""
+    try:
+        with open(path) as handle:
+            for line in handle:
+                if line.startswith(("flags", "Features")):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def native_bfloat16():
+    """True when TensorFlow's oneDNN kernels can compute bfloat16 on this CPU's instructions.
+
+    x86 CPUs with AVX512_BF16 or AMX-BF16 (Intel from Cooper Lake and Sapphire
+    Rapids, AMD from Zen 4). False elsewhere, with oneDNN turned off
+    (`TF_ENABLE_ONEDNN_OPTS=0`) or capped below bfloat16 (`ONEDNN_MAX_CPU_ISA`).
+    """
+    if os.environ.get("TF_ENABLE_ONEDNN_OPTS", "1").strip().lower() in ("0", "false"):
+        return False
+    if os.environ.get("ONEDNN_MAX_CPU_ISA", "").strip().upper() in _ISAS_WITHOUT_BFLOAT16:
+        return False
+    return bool(cpu_flags() & _BFLOAT16_FLAGS)
+
+
+def computes_in_bfloat16(model):
+    """True when `model` or one of its layers computes in bfloat16 (e.g. mixed_bfloat16)."""
+    layers = [model, *getattr(model, "layers", [])]
+    return any(getattr(layer, "compute_dtype", None) == "bfloat16" for layer in layers)
