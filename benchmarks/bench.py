@@ -6,9 +6,11 @@
 
 Each contender runs in its own process (benchmarks/runner.py): keras_vit on
 TensorFlow (and on JAX when jax is installed), keras-hub's ViTBackbone + a
-Dense head, vit-keras, timm on PyTorch CPU, plus a float32 GEMM probe that
-gives the machine's limit. A contender that is not installed, or cannot run
-here, is reported as skipped with the reason.
+Dense head, vit-keras, timm on PyTorch CPU, plus a GEMM probe that gives the
+machine's limit. Everything runs in float32; `--dtype mixed_bfloat16` runs
+every contender in bfloat16 mixed precision instead (Keras' dtype policy,
+PyTorch's CPU autocast) against a bfloat16 GEMM limit. A contender that is
+not installed, or cannot run here, is reported as skipped with the reason.
 
 All live contenders of a group build and warm up first; then rounds are
 interleaved (A B C A B C ...): in each round every contender runs inference
@@ -22,8 +24,8 @@ contenders are split into groups that fit in the free memory (at most
 --memory-budget GB). keras_vit (TensorFlow) is in every group, and each
 peer's ratio is taken against keras_vit measured in the same rounds.
 
-The limit: the GEMM probe measures float32 matmul GFLOP/s (the fastest of
-NumPy, TensorFlow and PyTorch, where installed, on 2048x2048 matrices) in
+The limit: the GEMM probe measures float32 (or bfloat16) matmul GFLOP/s (the
+fastest of NumPy, TensorFlow and PyTorch, where installed, on 2048x2048 matrices) in
 every round; divided by the model's FLOPs per image (forward; training
 counts 3x forward) it gives the images/s no implementation can beat, and
 each figure is shown as a fraction of it.
@@ -112,9 +114,11 @@ def model_flops(model_name, image_size):
 class Contender:
     """A runner process speaking the line protocol of runner.py."""
 
-    def __init__(self, name, model_name, image_size, batch_size, warmup):
+    def __init__(self, name, model_name, image_size, batch_size, warmup, dtype="float32"):
         self.name = name
         runner_name, extra_env, options = CONTENDERS[name] if name != "gemm" else ("gemm", {}, {})
+        if dtype != "float32":
+            options = {**options, "dtype": dtype}
         env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", **extra_env)
         env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
         command = [
@@ -217,10 +221,12 @@ def log(message):
 def run_group(group, model_name, image_size, args):
     contenders = []
     try:
-        gemm = Contender("gemm", model_name, image_size, args.batch_size, args.warmup)
+        gemm = Contender("gemm", model_name, image_size, args.batch_size, args.warmup, args.dtype)
         for name in group:
             log(f"  starting {name}")
-            contender = Contender(name, model_name, image_size, args.batch_size, args.warmup)
+            contender = Contender(
+                name, model_name, image_size, args.batch_size, args.warmup, args.dtype
+            )
             if contender.skipped:
                 log(f"  {name} skipped: {contender.skipped}")
                 contender.close()
@@ -382,9 +388,10 @@ def markdown(report):
     lines = []
     for result in report["results"]:
         lines += [
-            f"### {result['config']} (batch {report['batch_size']}, float32)",
+            f"### {result['config']} (batch {report['batch_size']}, {report['dtype']})",
             "",
-            f"Machine limit: {fmt(result['gemm_gflops_per_s'], '.0f')} GFLOP/s float32 GEMM x "
+            f"Machine limit: {fmt(result['gemm_gflops_per_s'], '.0f')} GFLOP/s "
+            f"{report['gemm_dtype']} GEMM x "
             f"{result['gflops_per_image_forward']:.1f} GFLOPs/image = "
             f"{fmt(result['limit_infer_images_per_s'], '.1f')} images/s inference, "
             f"{fmt(result['limit_train_images_per_s'], '.2f')} training.",
@@ -456,6 +463,14 @@ def parse_args(argv):
     parser.add_argument("--train-seconds", type=float, default=None)
     parser.add_argument("--warmup", type=int, default=2, help="warm-up calls of each kind")
     parser.add_argument("--memory-budget", type=float, default=12.0, help="GB for live processes")
+    parser.add_argument(
+        "--dtype",
+        choices=("float32", "mixed_bfloat16"),
+        default="float32",
+        help="mixed_bfloat16: every contender computes in bfloat16 (Keras' policy, "
+        "PyTorch's autocast), and the limit is the bfloat16 GEMM; results go to "
+        "bench-<time>-mixed_bfloat16.* and latest-mixed_bfloat16.* (default float32)",
+    )
     parser.add_argument("--quick", action="store_true", help="S16-224, 3 short rounds")
     parser.add_argument("--output", default=RESULTS, help="directory of the JSON/Markdown")
     args = parser.parse_args(argv)
@@ -504,6 +519,8 @@ def main(argv=None):
         "machine": machine(),
         "command": "python benchmarks/bench.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "batch_size": args.batch_size,
+        "dtype": args.dtype,
+        "gemm_dtype": "float32" if args.dtype == "float32" else "bfloat16",
         "rounds": args.rounds,
         "infer_seconds": args.infer_seconds,
         "train_seconds": args.train_seconds,
@@ -526,12 +543,14 @@ def main(argv=None):
     print(text)
     os.makedirs(args.output, exist_ok=True)
     stamp = started.strftime("%Y%m%d-%H%M%S")
-    for name in (f"bench-{stamp}", "latest"):
+    suffix = "" if args.dtype == "float32" else f"-{args.dtype}"
+    for name in (f"bench-{stamp}{suffix}", f"latest{suffix}"):
         with open(os.path.join(args.output, name + ".json"), "w") as handle:
             json.dump(report, handle, indent=2)
         with open(os.path.join(args.output, name + ".md"), "w") as handle:
             handle.write(text)
-    log(f"wrote {os.path.join(args.output, 'bench-' + stamp)}.json/.md ({report['seconds']:.0f} s)")
+    written = os.path.join(args.output, f"bench-{stamp}{suffix}")
+    log(f"wrote {written}.json/.md ({report['seconds']:.0f} s)")
     return 0
 
 

@@ -79,6 +79,8 @@ def build_keras_vit(arch, image_size, options):
         keras_vit.streams.configure_cpu_streams(streams)
     # Gradient checkpointing of every block: VisionTransformer(remat=True).
     remat = options.get("remat", "0") == "1"
+    # dtype=mixed_bfloat16: the model computes in bfloat16 (variables float32).
+    dtype = options.get("dtype", "float32")
     model = keras_vit.VisionTransformer(
         image_size=image_size,
         patch_size=patch,
@@ -88,21 +90,25 @@ def build_keras_vit(arch, image_size, options):
         mlp_dim=mlp,
         num_classes=NUM_CLASSES,
         remat=remat,
+        dtype=dtype,
     )
-    # "auto": as keras_vit.training.compile_model compiles by default: XLA for the
-    # train step; on a TensorFlow machine without GPU/TPU, predict in graph mode.
+    # "auto": as keras_vit.training.compile_model decides (plan_xla): on a
+    # TensorFlow machine without GPU/TPU, XLA for the float32 train step and
+    # graph mode for inference; bfloat16 in graph mode where the CPU has it.
     jit = options.get("jit", "auto")
+    jit_compile = {"0": False, "1": True}.get(jit, "auto")
+    train_xla, infer_xla = keras_vit.training.plan_xla(model, jit_compile, streams)
     optimizer, loss = keras_loss_and_optimizer()
-    model.compile(optimizer=optimizer, loss=loss, jit_compile=jit != "0")
-    description = f"keras {keras.__version__} ({keras.backend.backend()}), "
-    if jit == "auto" and keras_vit.training.cpu_only_tensorflow():
-        keras_vit.training.inference_without_xla(model)
-        description += "XLA training, graph-mode inference"
-    else:
-        description += f"jit_compile={jit != '0'}"
+    model.compile(optimizer=optimizer, loss=loss, jit_compile=train_xla)
+    keras_vit.training.inference_without_xla(model, train_xla and not infer_xla)
+    description = (
+        f"keras {keras.__version__} ({keras.backend.backend()}), {dtype}, "
+        f"{'XLA' if train_xla else 'graph-mode'} training, "
+        f"{'XLA' if infer_xla else 'graph-mode'} inference"
+    )
     if streams > 1:
         # As keras_vit.training.compile_model does after configure_cpu_streams.
-        keras_vit.streams.use_streams(model, streams, infer_jit=jit == "1")
+        keras_vit.streams.use_streams(model, streams, infer_jit=infer_xla)
         description += f", {streams} CPU streams"
     return model, description + (", remat of every block" if remat else "")
 
@@ -161,6 +167,8 @@ class KerasContender:
         import keras
 
         keras.utils.set_random_seed(0)
+        # dtype=mixed_bfloat16 for every Keras contender (keras_vit also takes it directly).
+        keras.config.set_dtype_policy(options.get("dtype", "float32"))
         self.model, self.description = builder(arch, image_size, options)
         # Every Keras contender gets its optimizer slots before the rounds, as
         # keras_vit.training.compile_model creates them. Left to Keras, they are
@@ -212,20 +220,26 @@ class TimmContender:
         self.images = torch.from_numpy(images)
         self.labels = torch.from_numpy(rng.integers(0, NUM_CLASSES, (batch_size,)))
         self.parameters = sum(p.numel() for p in self.model.parameters())
+        # dtype=mixed_bfloat16: bfloat16 autocast, PyTorch's mixed precision on the CPU.
+        self.bfloat16 = options.get("dtype", "float32") == "mixed_bfloat16"
         self.description = (
             f"timm {timm.__version__}, torch {torch.__version__} eager, "
-            f"{torch.get_num_threads()} threads"
+            f"{torch.get_num_threads()} threads" + (", bfloat16 autocast" if self.bfloat16 else "")
         )
+
+    def autocast(self):
+        return self.torch.autocast("cpu", dtype=self.torch.bfloat16, enabled=self.bfloat16)
 
     def infer(self):
         self.model.eval()
-        with self.torch.inference_mode():
-            return self.model(self.images).numpy()
+        with self.torch.inference_mode(), self.autocast():
+            return self.model(self.images).float().numpy()
 
     def train(self):
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        loss = self.loss(self.model(self.images), self.labels)
+        with self.autocast():
+            loss = self.loss(self.model(self.images), self.labels)
         loss.backward()
         self.optimizer.step()
         return loss.item()
@@ -235,7 +249,7 @@ class TimmContender:
 
 
 class GemmContender:
-    """float32 GEMM throughput of NumPy, TensorFlow and PyTorch (where installed).
+    """GEMM throughput of NumPy, TensorFlow and PyTorch (where installed), float32 or bfloat16.
 
     The fastest counts: the machine's limit is what its best product reaches.
     """
@@ -244,23 +258,27 @@ class GemmContender:
         rng = np.random.default_rng(0)
         self.a = rng.standard_normal((GEMM_SIZE, GEMM_SIZE)).astype("float32")
         self.b = rng.standard_normal((GEMM_SIZE, GEMM_SIZE)).astype("float32")
-        self.candidates = [("numpy", lambda: self.a @ self.b)]
+        # dtype=mixed_bfloat16: bfloat16 products (NumPy has none).
+        self.dtype = "float32" if options.get("dtype", "float32") == "float32" else "bfloat16"
+        self.candidates = []
+        if self.dtype == "float32":
+            self.candidates.append(("numpy", lambda: self.a @ self.b))
         try:
             import tensorflow as tf
 
-            ta, tb = tf.constant(self.a), tf.constant(self.b)
+            ta, tb = (tf.cast(tf.constant(m), self.dtype) for m in (self.a, self.b))
             self.candidates.append(("tensorflow", lambda: tf.matmul(ta, tb).numpy()))
         except ImportError:
             pass
         try:
             import torch
 
-            pa, pb = torch.from_numpy(self.a), torch.from_numpy(self.b)
+            pa, pb = (torch.from_numpy(m).to(getattr(torch, self.dtype)) for m in (self.a, self.b))
             self.candidates.append(("torch", lambda: torch.mm(pa, pb)))
         except ImportError:
             pass
         names = ", ".join(name for name, _ in self.candidates)
-        self.description = f"{GEMM_SIZE}x{GEMM_SIZE} float32 matmul, the fastest of {names}"
+        self.description = f"{GEMM_SIZE}x{GEMM_SIZE} {self.dtype} matmul, the fastest of {names}"
         self.parameters = 0
         for _ in range(2):
             self.gemm(1.0)

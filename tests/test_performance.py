@@ -210,3 +210,17 @@ def test_gpu_script_runs_end_to_end_in_its_cpu_check(tmp_path):
     assert len(timm_rows) == 1
     assert timm_rows[0]["images_per_s"] or timm_rows[0]["error"], timm_rows
     assert "| keras_vit (jit step) |" in done.stdout
+
+
+def test_bench_dtype_reaches_the_contenders_and_the_limit(capsys):
+    bench = load_benchmark_script("bench")
+    assert bench.parse_args([]).dtype == "float32"
+    assert bench.parse_args(["--dtype", "mixed_bfloat16"]).dtype == "mixed_bfloat16"
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--dtype", "float16"])
+    assert "--dtype" in capsys.readouterr().err
+    runner = load_benchmark_script("runner")
+    gemm = runner.GemmContender(None, 224, 8, {"dtype": "mixed_bfloat16"})
+    names = [name for name, _ in gemm.candidates]
+    assert "bfloat16" in gemm.description and "tensorflow" in names and "numpy" not in names
+    assert all(gflops > 0 for gflops in gemm.gemm(0.2).values())
