@@ -4,6 +4,7 @@
     python benchmarks/profile_step.py --mode infer             # predict_on_batch
     python benchmarks/profile_step.py --image-size 384 --jit 0 # graph-mode training at 384
     python benchmarks/profile_step.py --streams 2              # two CPU streams
+    python benchmarks/profile_step.py --dtype mixed_bfloat16   # bfloat16 compute
     KERAS_BACKEND=jax python benchmarks/profile_step.py        # the JAX backend
 
 The model and its compile settings are benchmarks/runner.py's `keras_vit`
@@ -145,6 +146,7 @@ def main(argv=None):
     parser.add_argument("--mode", default="train", choices=("train", "infer"))
     parser.add_argument("--jit", default="auto", choices=("auto", "0", "1"))
     parser.add_argument("--streams", type=int, default=1, help="CPU streams (keras_vit.streams)")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "mixed_bfloat16"))
     parser.add_argument("--steps", type=int, default=3, help="profiled steps (after 3 warm-up)")
     parser.add_argument("--top", type=int, default=25, help="rows to print")
     parser.add_argument("--trace-dir", help="keep the trace here (default: a temporary folder)")
@@ -163,7 +165,7 @@ def main(argv=None):
         arch,
         args.image_size,
         args.batch_size,
-        {"jit": args.jit, "streams": str(args.streams)},
+        {"jit": args.jit, "streams": str(args.streams), "dtype": args.dtype},
     )
     step = getattr(contender, args.mode)
     for _ in range(3):
