@@ -9,6 +9,7 @@
 #   BATCH=256 STEPS=50 PEAK_TFLOPS=989 bash benchmarks/gpu.sh
 #   CPU_CHECK=1 bash benchmarks/gpu.sh     # tiny sizes on the CPU: checks the
 #                                          # script itself, measures nothing
+#   PART_TIMEOUT=250 bash benchmarks/gpu.sh  # seconds for each contender (default 900)
 #
 # keras_vit is timed two ways: "jit step", one jax.jit program of the forward
 # pass, the backward pass and the AdamW update over Keras' stateless API (what
@@ -34,6 +35,7 @@ if [ "$CPU_CHECK" = 1 ]; then
 else
     BATCH="${BATCH:-128}" STEPS="${STEPS:-30}" WARMUP="${WARMUP:-5}" IMAGE="${IMAGE:-224}"
 fi
+PART_TIMEOUT="${PART_TIMEOUT:-900}"
 STAMP="$(date -u +%Y%m%d-%H%M%S)"
 RESULT="${OUT:+$OUT/gpu.json}"
 RESULT="${RESULT:-benchmarks/results/gpu-$STAMP.json}"
@@ -70,7 +72,7 @@ peak_tflops() {
 }
 PEAK="$(peak_tflops)"
 [ "$CPU_CHECK" = 1 ] && PEAK=0
-export BATCH STEPS WARMUP IMAGE PEAK
+export BATCH STEPS WARMUP IMAGE PEAK PART_TIMEOUT
 
 # Forward FLOPs of ViT-B/16 per image (2 per multiply-add), bench.py's count.
 FLOPS="$("$PY" -c "import sys; sys.path.insert(0, 'benchmarks'); from bench import model_flops
@@ -78,7 +80,7 @@ print(model_flops('B16', $IMAGE))")" || exit 1
 export FLOPS
 
 echo "== keras_vit (KERAS_BACKEND=${KERAS_BACKEND:-jax}), mixed_bfloat16, batch $BATCH"
-KERAS_BACKEND="${KERAS_BACKEND:-jax}" timeout 900 "$PY" - >"$LOG/keras_vit.json" 2>"$LOG/keras_vit.err" <<'EOF'
+KERAS_BACKEND="${KERAS_BACKEND:-jax}" timeout "$PART_TIMEOUT" "$PY" - >"$LOG/keras_vit.json" 2>"$LOG/keras_vit.err" <<'EOF'
 import functools, json, os, sys, time
 import numpy as np
 import keras
@@ -161,7 +163,7 @@ EOF
 echo "rc=$?"; cat "$LOG/keras_vit.json"; tail -3 "$LOG/keras_vit.err"
 
 echo "== timm, torch.compile, SDPA, bf16 autocast, batch $BATCH"
-timeout 900 "$PY" - >"$LOG/timm.json" 2>"$LOG/timm.err" <<'EOF'
+timeout "$PART_TIMEOUT" "$PY" - >"$LOG/timm.json" 2>"$LOG/timm.err" <<'EOF'
 import json, os, sys, time
 import torch
 import timm
@@ -220,7 +222,9 @@ for name in ("keras_vit", "timm"):
         found = []
     if not found:
         with open(os.path.join(log, name + ".err")) as handle:
-            error = handle.read().strip().splitlines()[-3:]
+            error = handle.read().strip().splitlines()[-3:] or [
+                f"no output: killed, or over PART_TIMEOUT ({os.environ['PART_TIMEOUT']} s)"
+            ]
         found = [{"contender": name, "images_per_s": None, "error": error}]
     rows += found
 for row in rows:

@@ -181,14 +181,8 @@ def test_bench_targets_rate_every_keras_vit_variant_against_the_fastest_peer():
     assert checks["memory keras_vit"]["holds"] is False
 
 
-@pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="needs jax")
-def test_gpu_script_runs_end_to_end_in_its_cpu_check(tmp_path):
-    """benchmarks/gpu.sh with CPU_CHECK=1: tiny sizes on the CPU, every stage of the script.
-
-    No GPU is needed; this keeps the script working for the sessions that get one.
-    timm is timed where torch and timm are installed and reported as failed otherwise.
-    """
-    env = dict(os.environ, CPU_CHECK="1", OUT=str(tmp_path), PYTHON=sys.executable)
+def _gpu_script(tmp_path, **env):
+    env = dict(os.environ, CPU_CHECK="1", OUT=str(tmp_path), PYTHON=sys.executable, **env)
     env.pop("KERAS_BACKEND", None)  # the script's default, JAX
     done = subprocess.run(
         ["bash", os.path.join(ROOT, "benchmarks", "gpu.sh")],
@@ -199,7 +193,17 @@ def test_gpu_script_runs_end_to_end_in_its_cpu_check(tmp_path):
     )
     assert done.returncode == 0, done.stdout + done.stderr
     with open(tmp_path / "gpu.json") as handle:
-        report = json.load(handle)
+        return done, json.load(handle)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="needs jax")
+def test_gpu_script_runs_end_to_end_in_its_cpu_check(tmp_path):
+    """benchmarks/gpu.sh with CPU_CHECK=1: tiny sizes on the CPU, every stage of the script.
+
+    No GPU is needed; this keeps the script working for the sessions that get one.
+    timm is timed where torch and timm are installed and reported as failed otherwise.
+    """
+    done, report = _gpu_script(tmp_path)
     assert report["cpu_check"] and report["model"] == "ViT-B/16"
     rows = {row["contender"]: row for row in report["results"]}
     for name in ("keras_vit (jit step)", "keras_vit (train_on_batch)"):
@@ -210,6 +214,15 @@ def test_gpu_script_runs_end_to_end_in_its_cpu_check(tmp_path):
     assert len(timm_rows) == 1
     assert timm_rows[0]["images_per_s"] or timm_rows[0]["error"], timm_rows
     assert "| keras_vit (jit step) |" in done.stdout
+
+
+def test_gpu_script_reports_a_contender_over_its_time_limit(tmp_path):
+    done, report = _gpu_script(tmp_path, PART_TIMEOUT="1")
+    assert [row["contender"] for row in report["results"]] == ["keras_vit", "timm"]
+    for row in report["results"]:
+        assert row["images_per_s"] is None
+        assert row["error"] == ["no output: killed, or over PART_TIMEOUT (1 s)"], row
+    assert "| keras_vit | failed: no output" in done.stdout
 
 
 def test_bench_dtype_reaches_the_contenders_and_the_limit(capsys):
