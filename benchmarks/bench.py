@@ -63,6 +63,13 @@ CONTENDERS = {
         {"KERAS_BACKEND": "tensorflow"},
         {"jit": "auto", "streams": "2"},
     ),
+    # Streams whose predict and evaluate parts are XLA programs (training parts
+    # run in graph mode either way).
+    "keras_vit[streams-xla]": (
+        "keras_vit",
+        {"KERAS_BACKEND": "tensorflow"},
+        {"jit": "1", "streams": "2"},
+    ),
     "keras_vit[no-xla]": ("keras_vit", {"KERAS_BACKEND": "tensorflow"}, {"jit": "0"}),
     # Gradient checkpointing of every block (VisionTransformer(remat=True)).
     "keras_vit[remat]": (

@@ -1,4 +1,4 @@
-"""What the CPU computes natively: picks graph mode or XLA for bfloat16 models.
+"""What the CPU computes fast: picks graph mode or XLA for inference and bfloat16 models.
 
 TensorFlow's graph-mode kernels (oneDNN) run bfloat16 matrix products on the
 CPU's own bfloat16 instructions (AVX512_BF16, AMX) where it has them, and
@@ -54,3 +54,25 @@ def computes_in_bfloat16(model):
     """True when `model` or one of its layers computes in bfloat16 (e.g. mixed_bfloat16)."""
     layers = [model, *getattr(model, "layers", [])]
     return any(getattr(layer, "compute_dtype", None) == "bfloat16" for layer in layers)
+
+
+# oneDNN's ONEDNN_MAX_CPU_ISA values below AVX-512.
+_ISAS_WITHOUT_AVX512 = {"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2"}
+
+
+def onednn_avx512():
+    """True when TensorFlow's graph-mode float32 products run on oneDNN's AVX-512 kernels.
+
+    On such a CPU (a 2-core Xeon with AVX-512 and AMX here) ViT inference in
+    graph mode, whose oneDNN kernels also fuse each product with its bias and
+    GELU and the layer norm, is about 10% faster than XLA. On a CPU with AVX2
+    and no AVX-512 (a 2-core AMD EPYC here) oneDNN's two-thread products run
+    below XLA's, and XLA predicts ViT-S/16 and ViT-B/16 1.2-1.5x faster
+    (docs/performance.md, "Two CPUs"). False with oneDNN off
+    (`TF_ENABLE_ONEDNN_OPTS=0`) or capped below AVX-512 (`ONEDNN_MAX_CPU_ISA`).
+    """
+    if os.environ.get("TF_ENABLE_ONEDNN_OPTS", "1").strip().lower() in ("0", "false"):
+        return False
+    if os.environ.get("ONEDNN_MAX_CPU_ISA", "").strip().upper() in _ISAS_WITHOUT_AVX512:
+        return False
+    return "avx512f" in cpu_flags()

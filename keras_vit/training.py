@@ -116,10 +116,14 @@ def compile_model(
     CPUs too, where XLA trains ViT-S/16 about 8% faster than TensorFlow's graph
     mode and the digits model of `keras-vit train` 2.5x faster (docs/performance.md).
     It stays off under a tf.distribute strategy with several replicas, as in Keras.
-    On a TensorFlow machine without GPU or TPU, "auto" leaves `predict` and
-    `evaluate` to TensorFlow's graph mode: its oneDNN kernels (with the fused
-    layer norm of `keras_vit.layers.LayerNorm`) run ViT-S/16 inference about
-    10% faster than XLA on CPUs. `jit_compile=True` compiles all three.
+    On a TensorFlow machine without GPU or TPU whose CPU has AVX-512, "auto"
+    leaves `predict` and `evaluate` to TensorFlow's graph mode: its oneDNN
+    kernels (with the fused layer norm of `keras_vit.layers.LayerNorm`) run
+    ViT-S/16 inference about 10% faster than XLA there. On a CPU without
+    AVX-512 (AVX2 only), oneDNN's products are the slower ones and XLA predicts
+    ViT-S/16 and ViT-B/16 1.2-1.5x faster than graph mode, so "auto" compiles
+    them too (docs/performance.md, "Two CPUs"). `jit_compile=True` compiles
+    all three.
 
     A model that computes in bfloat16 (`dtype="mixed_bfloat16"`, or the policy
     `keras-vit train --mixed-precision` sets on CPUs) changes "auto" on a
@@ -169,7 +173,8 @@ def plan_xla(model, jit_compile="auto", streams=1):
     if jit_compile != "auto" or not cpu_only_tensorflow():
         return train_xla, train_xla
     if not _cpu.computes_in_bfloat16(model):
-        return train_xla, False
+        # oneDNN's float32 products are fast with AVX-512; below it XLA's are faster.
+        return train_xla, train_xla and not _cpu.onednn_avx512()
     if _cpu.native_bfloat16():
         # Graph mode's oneDNN kernels use the CPU's bfloat16 instructions; with
         # streams, whose parts run in graph mode, only the update stays XLA.

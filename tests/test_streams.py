@@ -97,9 +97,12 @@ def test_use_streams_one_undoes_and_recompile_resets(tiny_config):
     assert np.isfinite(model.train_on_batch(x, y)[0])
 
 
-def test_use_streams_one_restores_the_overrides_it_replaced(tiny_config):
-    # compile_model on a CPU-only machine predicts in graph mode
+def test_use_streams_one_restores_the_overrides_it_replaced(tiny_config, monkeypatch):
+    # compile_model on a CPU-only machine with AVX-512 predicts in graph mode
     # (inference_without_xla); streams and their undo must not lose that.
+    from keras_vit import _cpu
+
+    monkeypatch.setattr(_cpu, "onednn_avx512", lambda: True)
     model = keras_vit.VisionTransformer(**{**tiny_config, "num_classes": 5})
     training.compile_model(model, total_steps=4)
     graph_predict = vars(model)["make_predict_function"]

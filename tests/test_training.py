@@ -120,16 +120,26 @@ def _xla_requests(monkeypatch, make_function):
     return requests
 
 
-def test_compile_model_auto_leaves_inference_to_graph_mode_on_cpus(tiny_config, monkeypatch):
+@pytest.mark.parametrize("avx512", [True, False])
+def test_compile_model_auto_predicts_in_graph_mode_on_avx512_cpus(
+    tiny_config, monkeypatch, avx512
+):
+    """AVX-512 (oneDNN's fast products): graph-mode inference; AVX2 only: XLA."""
     import keras_vit
+    from keras_vit import _cpu
 
+    monkeypatch.setattr(_cpu, "onednn_avx512", lambda: avx512)
     model = keras_vit.VisionTransformer(**tiny_config)
     training.compile_model(model, total_steps=10)
     assert model.jit_compile is True
     assert any(_xla_requests(monkeypatch, model.make_train_function))
-    assert not any(_xla_requests(monkeypatch, model.make_predict_function))
-    assert not any(_xla_requests(monkeypatch, model.make_test_function))
+    assert any(_xla_requests(monkeypatch, model.make_predict_function)) is not avx512
+    assert any(_xla_requests(monkeypatch, model.make_test_function)) is not avx512
     assert model.jit_compile is True
+    # jit_compile=False leaves all three in graph mode, whatever the CPU.
+    training.compile_model(model, total_steps=10, jit_compile=False)
+    assert not any(_xla_requests(monkeypatch, model.make_train_function))
+    assert not any(_xla_requests(monkeypatch, model.make_predict_function))
     # jit_compile=True compiles inference too.
     training.compile_model(model, total_steps=10, jit_compile=True)
     assert any(_xla_requests(monkeypatch, model.make_predict_function))
@@ -146,6 +156,27 @@ def test_compile_model_auto_leaves_inference_to_graph_mode_on_cpus(tiny_config, 
     assert np.isfinite(model.test_on_batch(images, labels)).all()
     with pytest.raises(ValueError, match="keras.Model"):
         training.inference_without_xla("model.keras")
+
+
+def test_onednn_avx512_reads_the_cpu_flags_and_onednn_settings(monkeypatch):
+    from keras_vit import _cpu
+
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    monkeypatch.delenv("TF_ENABLE_ONEDNN_OPTS", raising=False)
+    for flags, expected in [
+        ({"avx2", "avx512f", "avx512bw"}, True),
+        ({"avx2", "fma"}, False),  # e.g. AMD EPYC before Zen 4
+        (set(), False),  # unreadable /proc/cpuinfo, or not x86
+    ]:
+        monkeypatch.setattr(_cpu, "cpu_flags", lambda flags=flags: flags)
+        assert _cpu.onednn_avx512() is expected
+    monkeypatch.setattr(_cpu, "cpu_flags", lambda: {"avx2", "avx512f"})
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "avx2")
+    assert _cpu.onednn_avx512() is False
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE")
+    assert _cpu.onednn_avx512() is True
+    monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "false")
+    assert _cpu.onednn_avx512() is False
 
 
 def test_native_bfloat16_reads_the_cpu_flags_and_onednn_settings(tmp_path, monkeypatch):
@@ -202,6 +233,7 @@ def test_compile_model_auto_runs_bfloat16_where_the_cpu_runs_it_fast(
     assert model.jit_compile is True
     assert any("bfloat16" in str(w.message) for w in caught) is not native
     # float32 models and an explicit jit_compile are left as they were.
+    monkeypatch.setattr(_cpu, "onednn_avx512", lambda: True)
     float32 = keras_vit.VisionTransformer(**tiny_config)
     training.compile_model(float32, total_steps=10)
     assert float32.jit_compile is True
