@@ -121,9 +121,7 @@ def _xla_requests(monkeypatch, make_function):
 
 
 @pytest.mark.parametrize("avx512", [True, False])
-def test_compile_model_auto_predicts_in_graph_mode_on_avx512_cpus(
-    tiny_config, monkeypatch, avx512
-):
+def test_compile_model_auto_predicts_in_graph_mode_on_avx512_cpus(tiny_config, monkeypatch, avx512):
     """AVX-512 (oneDNN's fast products): graph-mode inference; AVX2 only: XLA."""
     import keras_vit
     from keras_vit import _cpu
