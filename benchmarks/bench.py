@@ -53,7 +53,8 @@ from runner import ARCHITECTURES, NUM_CLASSES  # noqa: E402
 # Display name -> (runner contender, extra environment, runner options).
 CONTENDERS = {
     # As keras_vit.training.compile_model compiles by default: XLA for the train
-    # step; predict in graph mode on a machine without GPU/TPU.
+    # step; on a machine without GPU/TPU, predict in graph mode where the CPU
+    # has AVX-512 and with XLA where it has not.
     "keras_vit": ("keras_vit", {"KERAS_BACKEND": "tensorflow"}, {"jit": "auto"}),
     "keras_vit[xla]": ("keras_vit", {"KERAS_BACKEND": "tensorflow"}, {"jit": "1"}),
     "keras_vit[jax]": ("keras_vit", {"KERAS_BACKEND": "jax"}, {"jit": "1"}),

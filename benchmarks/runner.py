@@ -93,8 +93,9 @@ def build_keras_vit(arch, image_size, options):
         dtype=dtype,
     )
     # "auto": as keras_vit.training.compile_model decides (plan_xla): on a
-    # TensorFlow machine without GPU/TPU, XLA for the float32 train step and
-    # graph mode for inference; bfloat16 in graph mode where the CPU has it.
+    # TensorFlow machine without GPU/TPU, XLA for the float32 train step, and
+    # graph mode for inference where the CPU has AVX-512 (XLA where it has
+    # not); bfloat16 in graph mode where the CPU has it.
     jit = options.get("jit", "auto")
     jit_compile = {"0": False, "1": True}.get(jit, "auto")
     train_xla, infer_xla = keras_vit.training.plan_xla(model, jit_compile, streams)

@@ -19,9 +19,11 @@ Two steps:
    cores. `keras-vit train --cpu-streams 2` does it for you.
 2. `use_streams(model)` after `model.compile(...)` (or `compile_model(...)`,
    which calls it): the model's train, test and predict steps cut each batch.
-   The parts run in TensorFlow's graph mode, whose executor runs them at the
-   same time, and whose oneDNN matrix products are faster on one core than
-   XLA's. Each part's loss is weighted by its share of the batch, and the
+   The training parts run in TensorFlow's graph mode, whose executor runs
+   them at the same time, and whose oneDNN matrix products were faster on one
+   core than XLA's (on a Xeon with AVX-512). Predict and evaluate parts are
+   XLA programs where `compile_model` predicts with XLA (CPUs without
+   AVX-512), graph-mode ones elsewhere. Each part's loss is weighted by its share of the batch, and the
    parts' gradients are summed one variable at a time as they come. With
    `jit_compile`, the optimizer update is one XLA program.
 
