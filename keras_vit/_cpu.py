@@ -11,16 +11,9 @@ on a CPU without it), graph mode trains 3.2x and predicts 3.3x slower than XLA.
 
 import os
 
-# oneDNN's ONEDNN_MAX_CPU_ISA values whose instruction sets lack bfloat16.
-_ISAS_WITHOUT_BFLOAT16 = {
-    "SSE41",
-    "AVX",
-    "AVX2",
-    "AVX2_VNNI",
-    "AVX2_VNNI_2",
-    "AVX512_CORE",
-    "AVX512_CORE_VNNI",
-}
+# oneDNN's ONEDNN_MAX_CPU_ISA values below AVX-512, and those without bfloat16.
+_ISAS_WITHOUT_AVX512 = {"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2"}
+_ISAS_WITHOUT_BFLOAT16 = _ISAS_WITHOUT_AVX512 | {"AVX512_CORE", "AVX512_CORE_VNNI"}
 _BFLOAT16_FLAGS = {"avx512_bf16", "amx_bf16"}
 
 
@@ -43,21 +36,13 @@ def native_bfloat16():
     Rapids, AMD from Zen 4). False elsewhere, with oneDNN turned off
     (`TF_ENABLE_ONEDNN_OPTS=0`) or capped below bfloat16 (`ONEDNN_MAX_CPU_ISA`).
     """
-    if os.environ.get("TF_ENABLE_ONEDNN_OPTS", "1").strip().lower() in ("0", "false"):
-        return False
-    if os.environ.get("ONEDNN_MAX_CPU_ISA", "").strip().upper() in _ISAS_WITHOUT_BFLOAT16:
-        return False
-    return bool(cpu_flags() & _BFLOAT16_FLAGS)
+    return _onednn_can_use(_BFLOAT16_FLAGS, _ISAS_WITHOUT_BFLOAT16)
 
 
 def computes_in_bfloat16(model):
     """True when `model` or one of its layers computes in bfloat16 (e.g. mixed_bfloat16)."""
     layers = [model, *getattr(model, "layers", [])]
     return any(getattr(layer, "compute_dtype", None) == "bfloat16" for layer in layers)
-
-
-# oneDNN's ONEDNN_MAX_CPU_ISA values below AVX-512.
-_ISAS_WITHOUT_AVX512 = {"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2"}
 
 
 def onednn_avx512():
@@ -71,8 +56,13 @@ def onednn_avx512():
     (docs/performance.md, "Two CPUs"). False with oneDNN off
     (`TF_ENABLE_ONEDNN_OPTS=0`) or capped below AVX-512 (`ONEDNN_MAX_CPU_ISA`).
     """
+    return _onednn_can_use({"avx512f"}, _ISAS_WITHOUT_AVX512)
+
+
+def _onednn_can_use(flags, isas_without):
+    """True when oneDNN is on, not capped to one of `isas_without`, and the CPU has one of `flags`."""
     if os.environ.get("TF_ENABLE_ONEDNN_OPTS", "1").strip().lower() in ("0", "false"):
         return False
-    if os.environ.get("ONEDNN_MAX_CPU_ISA", "").strip().upper() in _ISAS_WITHOUT_AVX512:
+    if os.environ.get("ONEDNN_MAX_CPU_ISA", "").strip().upper() in isas_without:
         return False
-    return "avx512f" in cpu_flags()
+    return bool(cpu_flags() & flags)

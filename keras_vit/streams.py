@@ -23,8 +23,9 @@ Two steps:
    them at the same time, and whose oneDNN matrix products were faster on one
    core than XLA's (on a Xeon with AVX-512). Predict and evaluate parts are
    XLA programs where `compile_model` predicts with XLA (CPUs without
-   AVX-512), graph-mode ones elsewhere. Each part's loss is weighted by its share of the batch, and the
-   parts' gradients are summed one variable at a time as they come. With
+   AVX-512), graph-mode ones elsewhere. Each part's loss is weighted by its
+   share of the batch, and the parts' gradients are summed one variable at a
+   time as they come. With
    `jit_compile`, the optimizer update is one XLA program.
 
 The results are the same as without streams up to float rounding: the loss is
