@@ -256,9 +256,13 @@ class GemmContender:
     """
 
     def __init__(self, arch, image_size, batch_size, options):
+        # gemm_size=N: a smaller square product for quick checks (the bench keeps 2048).
+        self.size = int(options.get("gemm_size", GEMM_SIZE))
+        if self.size < 1:
+            raise ValueError(f"gemm_size must be a positive integer, got {self.size}")
         rng = np.random.default_rng(0)
-        self.a = rng.standard_normal((GEMM_SIZE, GEMM_SIZE)).astype("float32")
-        self.b = rng.standard_normal((GEMM_SIZE, GEMM_SIZE)).astype("float32")
+        self.a = rng.standard_normal((self.size, self.size)).astype("float32")
+        self.b = rng.standard_normal((self.size, self.size)).astype("float32")
         # dtype=mixed_bfloat16: bfloat16 products (NumPy has none).
         self.dtype = "float32" if options.get("dtype", "float32") == "float32" else "bfloat16"
         self.candidates = []
@@ -279,13 +283,13 @@ class GemmContender:
         except ImportError:
             pass
         names = ", ".join(name for name, _ in self.candidates)
-        self.description = f"{GEMM_SIZE}x{GEMM_SIZE} {self.dtype} matmul, the fastest of {names}"
+        self.description = f"{self.size}x{self.size} {self.dtype} matmul, the fastest of {names}"
         self.parameters = 0
         for _ in range(2):
             self.gemm(1.0)
 
     def gemm(self, seconds):
-        flops = 2.0 * GEMM_SIZE**3
+        flops = 2.0 * self.size**3
         best = {}
         for name, product in self.candidates:
             count, start = 0, time.perf_counter()

@@ -204,7 +204,7 @@ def test_gpu_script_runs_end_to_end_in_its_cpu_check(tmp_path):
     timm is timed where torch and timm are installed and reported as failed otherwise.
     """
     done, report = _gpu_script(tmp_path)
-    assert report["cpu_check"] and report["model"] == "ViT-B/16"
+    assert report["cpu_check"] and report["model"] == "ViT-B/16" and report["layers"] == 2
     rows = {row["contender"]: row for row in report["results"]}
     for name in ("keras_vit (jit step)", "keras_vit (train_on_batch)"):
         assert rows[name]["backend"] == "jax" and rows[name]["images_per_s"] > 0, rows
@@ -233,7 +233,11 @@ def test_bench_dtype_reaches_the_contenders_and_the_limit(capsys):
         bench.parse_args(["--dtype", "float16"])
     assert "--dtype" in capsys.readouterr().err
     runner = load_benchmark_script("runner")
-    gemm = runner.GemmContender(None, 224, 8, {"dtype": "mixed_bfloat16"})
+    # A small product: bfloat16 is emulated, and slow, on CPUs without bfloat16 instructions.
+    gemm = runner.GemmContender(None, 224, 8, {"dtype": "mixed_bfloat16", "gemm_size": "256"})
     names = [name for name, _ in gemm.candidates]
     assert "bfloat16" in gemm.description and "tensorflow" in names and "numpy" not in names
+    assert gemm.description.startswith("256x256 ")
+    with pytest.raises(ValueError, match="gemm_size"):
+        runner.GemmContender(None, 224, 8, {"gemm_size": "0"})
     assert all(gflops > 0 for gflops in gemm.gemm(0.2).values())
