@@ -7,8 +7,8 @@
 #
 #   bash benchmarks/gpu.sh                 # batch 128, 224x224, 30 timed steps
 #   BATCH=256 STEPS=50 PEAK_TFLOPS=989 bash benchmarks/gpu.sh
-#   CPU_CHECK=1 bash benchmarks/gpu.sh     # tiny sizes on the CPU: checks the
-#                                          # script itself, measures nothing
+#   CPU_CHECK=1 bash benchmarks/gpu.sh     # tiny sizes on the CPU (2 blocks, 64x64,
+#                                          # batch 2): checks the script, measures nothing
 #   PART_TIMEOUT=250 bash benchmarks/gpu.sh  # seconds for each contender (default 900)
 #
 # keras_vit is timed two ways: "jit step", one jax.jit program of the forward
@@ -30,10 +30,11 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export TF_CPP_MIN_LOG_LEVEL=3 XLA_PYTHON_CLIENT_PREALLOCATE=false
 export CPU_CHECK="${CPU_CHECK:-0}"
 if [ "$CPU_CHECK" = 1 ]; then
-    BATCH="${BATCH:-2}" STEPS="${STEPS:-2}" WARMUP="${WARMUP:-1}" IMAGE="${IMAGE:-64}"
+    # Two of the twelve blocks: every stage runs, compiles stay short on a CPU.
+    BATCH="${BATCH:-2}" STEPS="${STEPS:-2}" WARMUP="${WARMUP:-1}" IMAGE="${IMAGE:-64}" LAYERS="${LAYERS:-2}"
     export JAX_PLATFORMS=cpu CUDA_VISIBLE_DEVICES=""
 else
-    BATCH="${BATCH:-128}" STEPS="${STEPS:-30}" WARMUP="${WARMUP:-5}" IMAGE="${IMAGE:-224}"
+    BATCH="${BATCH:-128}" STEPS="${STEPS:-30}" WARMUP="${WARMUP:-5}" IMAGE="${IMAGE:-224}" LAYERS="${LAYERS:-12}"
 fi
 PART_TIMEOUT="${PART_TIMEOUT:-900}"
 STAMP="$(date -u +%Y%m%d-%H%M%S)"
@@ -72,9 +73,10 @@ peak_tflops() {
 }
 PEAK="$(peak_tflops)"
 [ "$CPU_CHECK" = 1 ] && PEAK=0
-export BATCH STEPS WARMUP IMAGE PEAK PART_TIMEOUT
+export BATCH STEPS WARMUP IMAGE LAYERS PEAK PART_TIMEOUT
 
-# Forward FLOPs of ViT-B/16 per image (2 per multiply-add), bench.py's count.
+# Forward FLOPs of ViT-B/16 per image (2 per multiply-add), bench.py's count
+# (all twelve blocks: the MFU is left out when LAYERS is not 12).
 FLOPS="$("$PY" -c "import sys; sys.path.insert(0, 'benchmarks'); from bench import model_flops
 print(model_flops('B16', $IMAGE))")" || exit 1
 export FLOPS
@@ -86,7 +88,8 @@ import numpy as np
 import keras
 import keras_vit
 
-batch, steps, warmup, size = (int(os.environ[k]) for k in ("BATCH", "STEPS", "WARMUP", "IMAGE"))
+batch, steps, warmup, size, layers = (
+    int(os.environ[k]) for k in ("BATCH", "STEPS", "WARMUP", "IMAGE", "LAYERS"))
 cpu_check = os.environ["CPU_CHECK"] == "1"
 backend = keras.backend.backend()
 if backend == "jax":
@@ -101,7 +104,8 @@ if not gpu and not cpu_check:
     sys.exit(f"keras ({backend}) sees no GPU, only {device}")
 
 keras.config.set_dtype_policy("mixed_bfloat16")
-model = keras_vit.ViT_B16(image_size=size, num_classes=1000)
+architecture = dict(keras_vit.models.VARIANTS["ViT_B16"], num_layers=layers)
+model = keras_vit.VisionTransformer(image_size=size, num_classes=1000, **architecture)
 loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 rng = np.random.default_rng(0)
 images = keras.ops.convert_to_tensor(rng.uniform(-1, 1, (batch, size, size, 3)).astype("float32"))
@@ -168,11 +172,13 @@ import json, os, sys, time
 import torch
 import timm
 
-batch, steps, warmup, size = (int(os.environ[k]) for k in ("BATCH", "STEPS", "WARMUP", "IMAGE"))
+batch, steps, warmup, size, layers = (
+    int(os.environ[k]) for k in ("BATCH", "STEPS", "WARMUP", "IMAGE", "LAYERS"))
 device = "cpu" if os.environ["CPU_CHECK"] == "1" else "cuda"
 if device == "cuda" and not torch.cuda.is_available():
     sys.exit("torch sees no CUDA device")
-model = timm.create_model("vit_base_patch16_224", pretrained=False, img_size=size).to(device)
+model = timm.create_model("vit_base_patch16_224", pretrained=False, img_size=size,
+                          depth=layers).to(device)
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.05,
                               fused=device == "cuda")
 loss_fn = torch.nn.CrossEntropyLoss()
@@ -228,9 +234,10 @@ for name in ("keras_vit", "timm"):
         found = [{"contender": name, "images_per_s": None, "error": error}]
     rows += found
 for row in rows:
-    if row.get("images_per_s") and peak:
+    if row.get("images_per_s") and peak and int(os.environ["LAYERS"]) == 12:
         row["mfu"] = row["images_per_s"] * 3 * flops / (peak * 1e12)
-report = {"model": "ViT-B/16", "image_size": int(os.environ["IMAGE"]),
+report = {"model": "ViT-B/16", "layers": int(os.environ["LAYERS"]),
+          "image_size": int(os.environ["IMAGE"]),
           "batch": int(os.environ["BATCH"]), "steps": int(os.environ["STEPS"]),
           "dtype": "bfloat16 mixed", "cpu_check": os.environ["CPU_CHECK"] == "1",
           "forward_gflops_per_image": flops / 1e9, "peak_bf16_tflops": peak, "results": rows}
