@@ -11,6 +11,8 @@ on a CPU without it), graph mode trains 3.2x and predicts 3.3x slower than XLA.
 
 import os
 
+import keras
+
 # oneDNN's ONEDNN_MAX_CPU_ISA values below AVX-512, and those without bfloat16.
 _ISAS_WITHOUT_AVX512 = {"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2"}
 _ISAS_WITHOUT_BFLOAT16 = _ISAS_WITHOUT_AVX512 | {"AVX512_CORE", "AVX512_CORE_VNNI"}
@@ -66,3 +68,12 @@ def _onednn_can_use(flags, isas_without):
     if os.environ.get("ONEDNN_MAX_CPU_ISA", "").strip().upper() in isas_without:
         return False
     return bool(cpu_flags() & flags)
+
+
+def cpu_only_tensorflow():
+    """True on the TensorFlow backend when no GPU or TPU is visible."""
+    if keras.backend.backend() != "tensorflow":
+        return False
+    import tensorflow as tf
+
+    return not (tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("TPU"))

@@ -31,6 +31,8 @@ import tempfile
 
 import keras
 
+from keras_vit.layers.attention import batched_core_only
+
 QUANTIZATIONS = (None, "dynamic", "float16")
 CLASS_NAME_FILES = ("classes.json", "class_names.json")
 MODEL_FILE = "model.keras"
@@ -368,8 +370,10 @@ def export_tflite(model, path, quantization=None):
         result = outputs(images)
         return {key: result[key] for key in keys if key in result}
 
-    archive = _archive(model, {"serving_default": (serve, spec)})
-    with tempfile.TemporaryDirectory() as directory:
+    # The batched attention core: TFLite has no use for the per-head loop
+    # that TensorFlow's graph mode on CPUs takes at long sequences.
+    with batched_core_only(), tempfile.TemporaryDirectory() as directory:
+        archive = _archive(model, {"serving_default": (serve, spec)})
         archive.write_out(directory, verbose=False)
         converter = tf.lite.TFLiteConverter.from_saved_model(directory)
         if quantization is not None:

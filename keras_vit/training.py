@@ -141,7 +141,7 @@ def compile_model(
     that many (`keras_vit.streams.use_streams`).
     """
     if streams == "auto":
-        single = cpu_only_tensorflow() and model.distribute_strategy.num_replicas_in_sync == 1
+        single = _cpu.cpu_only_tensorflow() and model.distribute_strategy.num_replicas_in_sync == 1
         streams = configured_streams() if single else 1
     train_xla, infer_xla = plan_xla(model, jit_compile, streams)
     if warmup_steps is None:
@@ -170,7 +170,7 @@ def plan_xla(model, jit_compile="auto", streams=1):
     cut into (1: none). See `compile_model` for what "auto" picks and why.
     """
     train_xla = resolve_jit_compile(jit_compile)
-    if jit_compile != "auto" or not cpu_only_tensorflow():
+    if jit_compile != "auto" or not _cpu.cpu_only_tensorflow():
         return train_xla, train_xla
     if not _cpu.computes_in_bfloat16(model):
         # oneDNN's float32 products are fast with AVX-512; below it XLA's are faster.
@@ -180,15 +180,6 @@ def plan_xla(model, jit_compile="auto", streams=1):
         # streams, whose parts run in graph mode, only the update stays XLA.
         return train_xla and streams != 1, False
     return train_xla, train_xla
-
-
-def cpu_only_tensorflow():
-    """True on the TensorFlow backend when no GPU or TPU is visible."""
-    if keras.backend.backend() != "tensorflow":
-        return False
-    import tensorflow as tf
-
-    return not (tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("TPU"))
 
 
 def inference_without_xla(model, enabled=True):

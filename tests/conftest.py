@@ -53,3 +53,19 @@ def tiny_config():
 @pytest.fixture
 def images():
     return np.random.default_rng(0).uniform(-1, 1, size=(2, 32, 32, 3)).astype("float32")
+
+
+@pytest.fixture
+def per_head_calls(monkeypatch):
+    """Makes TensorFlow take the per-head attention core from 2 tokens on; counts its calls."""
+    if keras.backend.backend() != "tensorflow":
+        pytest.skip("the per-head core is TensorFlow's")
+    from keras_vit.layers import attention
+
+    calls = []
+    per_head = attention._attention_core_per_head
+    monkeypatch.setattr(attention, "PER_HEAD_MIN_TOKENS", 2)
+    monkeypatch.setattr(
+        attention, "_attention_core_per_head", lambda *a: calls.append(1) or per_head(*a)
+    )
+    return calls

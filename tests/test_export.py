@@ -374,6 +374,25 @@ def test_tflite_agrees_with_keras_per_quantization(tiny_config, tmp_path):
     assert sizes["dynamic"] < sizes["float16"] < sizes[None]
 
 
+def test_saved_model_keeps_the_per_head_core_and_tflite_the_batched_one(
+    tiny_config, tmp_path, images, per_head_calls
+):
+    from keras_vit.layers.attention import batched_core_only
+
+    model = tiny_model(tiny_config)
+    with batched_core_only():
+        expected = keras.ops.convert_to_numpy(model(images))
+    assert not per_head_calls
+    path = export_saved_model(model, str(tmp_path / "sm"), preprocessing=False)
+    assert per_head_calls  # the serving graph runs the per-head loop
+    outputs = _load(path).signatures["serving_default"](images=tf.constant(images))
+    np.testing.assert_allclose(outputs["logits"], expected, rtol=1e-5, atol=1e-5)
+    count = len(per_head_calls)
+    path = export_tflite(model, str(tmp_path / "model.tflite"))
+    assert len(per_head_calls) == count
+    np.testing.assert_allclose(_run_tflite(path, images)["logits"], expected, rtol=0, atol=1e-4)
+
+
 def test_tflite_of_a_mixed_precision_model(tiny_config, tmp_path, images):
     model = tiny_model(tiny_config, dtype="mixed_bfloat16")
     path = export_tflite(model, str(tmp_path / "mixed.tflite"))

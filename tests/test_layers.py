@@ -335,13 +335,18 @@ def test_attention_matches_numpy():
     np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-5)
 
 
-@pytest.mark.parametrize("mode", ["eager", "graph", "xla"])
-def test_attention_gradients_match_finite_differences_of_numpy(mode):
-    # The attention core has a hand-written backward pass; check it against
+@pytest.mark.parametrize(
+    "mode, core",
+    [("eager", "batched"), ("graph", "batched"), ("xla", "batched")]
+    + [("eager", "per_head"), ("graph", "per_head")],
+)
+def test_attention_gradients_match_finite_differences_of_numpy(mode, core, request):
+    # The attention cores have hand-written backward passes; check them against
     # central differences of the float64 NumPy forward, along random directions
     # in every weight and for each input value.
     if mode != "eager" and keras.backend.backend() != "tensorflow":
         pytest.skip("graph and XLA modes are TensorFlow's")
+    calls = request.getfixturevalue("per_head_calls") if core == "per_head" else None
     x = RNG.normal(size=(2, 5, 12)).astype("float32")
     upstream = RNG.normal(size=(2, 5, 12)).astype("float32")
     layer = layers.MultiHeadSelfAttention(num_heads=3)
@@ -366,6 +371,35 @@ def test_attention_gradients_match_finite_differences_of_numpy(mode):
         assert got == pytest.approx(expected, rel=1e-3, abs=1e-3)
     d_x = _central_differences(lambda x: numpy_loss(x, params), [x64], 0, step)
     np.testing.assert_allclose(grads[0], d_x, rtol=1e-3, atol=1e-3)
+    if calls is not None:
+        assert calls, "the per-head core did not run"
+
+
+def test_attention_per_head_core_in_mixed_precision_and_not_under_xla(per_head_calls):
+    import tensorflow as tf
+
+    x = RNG.normal(size=(3, 6, 12)).astype("float32")
+    upstream = RNG.normal(size=(3, 6, 12)).astype("float32")
+    reference = layers.MultiHeadSelfAttention(num_heads=3)
+    reference(x)
+    perturb(reference)
+    count = len(per_head_calls)  # the eager call above took it
+    _, expected = _layer_loss_and_gradients(reference, x, upstream, "xla")
+    assert len(per_head_calls) == count  # XLA keeps the batched core
+    half = layers.MultiHeadSelfAttention(num_heads=3, dtype="mixed_bfloat16")
+    half(x)
+    for ours, theirs in zip(half.trainable_variables, reference.trainable_variables):
+        ours.assign(theirs)
+    _, got = _layer_loss_and_gradients(half, x, upstream, "graph")
+    assert len(per_head_calls) > count + 1
+    for g, e in zip(got, expected):
+        assert np.all(np.isfinite(g))
+        np.testing.assert_allclose(g, e, rtol=0.1, atol=0.15 * np.abs(e).max())
+    assert half(x).dtype == tf.bfloat16
+    # A short query (the last block's class token) keeps the batched core.
+    count = len(per_head_calls)
+    reference(x, num_queries=1)
+    assert len(per_head_calls) == count
 
 
 def test_attention_gradients_with_attention_dropout_and_in_mixed_precision():

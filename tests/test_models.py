@@ -1,6 +1,7 @@
 """The model builder: parameter counts, pooling, heads, mixed precision,
 initialisation, serialization, fit, and bad arguments."""
 
+import contextlib
 import os
 
 import keras
@@ -193,6 +194,36 @@ def test_fit_on_tf_data_reduces_loss(tiny_config):
     history = model.fit(dataset, epochs=6, verbose=0)
     losses = history.history["loss"]
     assert losses[-1] < 0.5 * losses[0], losses
+
+
+def test_graph_mode_fit_with_the_per_head_core_matches_the_batched_core(
+    tiny_config, per_head_calls
+):
+    """The per-head attention core (long sequences, TensorFlow CPUs) trains the same."""
+    from keras_vit.layers.attention import batched_core_only
+
+    rng = np.random.default_rng(0)
+    images = rng.uniform(-1, 1, size=(12, 32, 32, 3)).astype("float32")
+    labels = rng.integers(0, 10, size=12)
+    results = []
+    for batched in (True, False):
+        keras.utils.set_random_seed(1)
+        model = keras_vit.VisionTransformer(**tiny_config)
+        model.compile(
+            optimizer=keras.optimizers.AdamW(1e-3),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            jit_compile=False,
+        )
+        with batched_core_only() if batched else contextlib.nullcontext():
+            history = model.fit(images, labels, batch_size=4, epochs=2, shuffle=False, verbose=0)
+            logits = model.predict(images, batch_size=5, verbose=0)
+        results.append((history.history["loss"], model.get_weights(), logits))
+        assert bool(per_head_calls) is not batched
+    (loss_a, weights_a, logits_a), (loss_b, weights_b, logits_b) = results
+    np.testing.assert_allclose(loss_a, loss_b, rtol=1e-5)
+    for a, b in zip(weights_a, weights_b, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(logits_a, logits_b, rtol=1e-4, atol=1e-5)
 
 
 # Bad arguments: each names the argument and what it received. ----------------

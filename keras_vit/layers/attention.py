@@ -1,8 +1,11 @@
 """Multi-head self-attention with one fused query/key/value projection."""
 
+import contextlib
+
 import keras
 from keras import ops
 
+from keras_vit import _cpu
 from keras_vit.layers._checks import positive_int
 from keras_vit.layers._checks import rate as check_rate
 
@@ -59,6 +62,120 @@ def _attention_core(query, key, value):
             return d_query, d_key, d_value
 
         return outputs, grad
+
+    return core(query, key, value)
+
+
+# From this many query and key tokens (577 at 384 x 384 with 16-pixel patches)
+# the core runs one (image, head) pair at a time in TensorFlow's graph mode on CPUs.
+PER_HEAD_MIN_TOKENS = 512
+
+
+_batched_only = []
+
+
+@contextlib.contextmanager
+def batched_core_only():
+    """Traces attention with the batched core only (no per-head loop).
+
+    For graphs that leave TensorFlow, such as TFLite's, whose interpreter runs
+    the loop's list operations slowly or not at all.
+    """
+    _batched_only.append(True)
+    try:
+        yield
+    finally:
+        _batched_only.pop()
+
+
+def _in_xla_program():
+    """Whether TensorFlow is tracing a function for XLA (`jit_compile=True`)."""
+    import tensorflow as tf
+
+    try:
+        from tensorflow.python.ops import control_flow_util
+    except ImportError:  # the private module moved: assume graph mode
+        return False
+    return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
+
+
+def _runs_per_head(query, key):
+    """Whether `_attention_core_per_head` is the faster core here.
+
+    In TensorFlow's graph mode on the CPU, the batched products of each
+    (tokens x head_dim) query with its key, and the softmax over the
+    (batch, heads, tokens, tokens) weights, run far slower at long sequences
+    than one (image, head) pair at a time, whose weights stay in the cache and
+    whose pairs the loop runs side by side. Measured on a 2-core AMD EPYC at
+    577 tokens, batch 8, 6 heads (`python benchmarks/micro.py attention
+    --tokens 577`): the core's forward 87 -> 48 ms, forward + backward
+    205 -> 160 ms; a ViT-S/16 at 384 in graph mode predicted 1.18-1.26x and
+    trained 1.11-1.42x faster. Under XLA the whole model was not faster
+    (0.97x), and at 197 tokens the pairs lose, so both keep the batched core.
+    """
+    tokens = (query.shape[2], key.shape[2])
+    if _batched_only or any(count is None or count < PER_HEAD_MIN_TOKENS for count in tokens):
+        return False
+    return _cpu.cpu_only_tensorflow() and not _in_xla_program()
+
+
+def _attention_core_per_head(query, key, value):
+    """`_attention_core` on TensorFlow, one (image, head) pair per loop step.
+
+    The same arithmetic, backward pass included, on 2-D products inside a
+    `tf.map_fn` loop (a while loop in the graph, in XLA and in a SavedModel).
+    """
+    import tensorflow as tf
+
+    heads, queries, head_dim = query.shape[1], query.shape[2], query.shape[3]
+    keys = key.shape[2]
+
+    def pairs(tensor, tokens):  # (batch, heads, tokens, head_dim) -> (pairs, tokens, head_dim)
+        return tf.reshape(tensor, (-1, tokens, head_dim))
+
+    def to_output_layout(tensor):  # (pairs, queries, head_dim) -> (batch, queries, heads, head_dim)
+        return tf.transpose(tf.reshape(tensor, (-1, heads, queries, head_dim)), (0, 2, 1, 3))
+
+    @tf.custom_gradient
+    def core(query, key, value):
+        def forward(pair):
+            q, k, v = pair
+            logits = tf.matmul(q, k, transpose_b=True)
+            weights = tf.nn.softmax(tf.cast(logits, tf.float32), axis=-1)
+            return weights, tf.matmul(tf.cast(weights, v.dtype), v)
+
+        weights, outputs = tf.map_fn(
+            forward,
+            (pairs(query, queries), pairs(key, keys), pairs(value, keys)),
+            fn_output_signature=(tf.float32, value.dtype),
+        )
+
+        def grad(upstream):
+            def backward(pair):
+                w, o, d_o, q, k, v = pair
+                d_value = tf.matmul(tf.cast(w, d_o.dtype), d_o, transpose_a=True)
+                d_weights = tf.cast(tf.matmul(d_o, v, transpose_b=True), tf.float32)
+                row = tf.reduce_sum(
+                    tf.cast(d_o, tf.float32) * tf.cast(o, tf.float32), axis=-1, keepdims=True
+                )
+                d_logits = tf.cast(w * (d_weights - row), q.dtype)
+                d_query = tf.matmul(d_logits, k)
+                d_key = tf.matmul(d_logits, q, transpose_a=True)
+                return d_query, d_key, d_value
+
+            d_outputs = pairs(tf.transpose(upstream, (0, 2, 1, 3)), queries)
+            d_query, d_key, d_value = tf.map_fn(
+                backward,
+                (weights, outputs, d_outputs, *(pairs(t, t.shape[2]) for t in (query, key, value))),
+                fn_output_signature=(query.dtype, key.dtype, value.dtype),
+            )
+            return (
+                tf.reshape(d_query, tf.shape(query)),
+                tf.reshape(d_key, tf.shape(key)),
+                tf.reshape(d_value, tf.shape(value)),
+            )
+
+        return to_output_layout(outputs), grad
 
     return core(query, key, value)
 
@@ -167,6 +284,8 @@ class MultiHeadSelfAttention(keras.layers.Layer):
             weights = ops.cast(self._attention_weights(query, key), value.dtype)
             weights = self.attention_dropout(weights, training=training)
             x = ops.einsum("bhqk,bhkd->bqhd", weights, value)
+        elif _runs_per_head(query, key):
+            x = _attention_core_per_head(self._scaled_query(query), key, value)
         else:
             x = _attention_core(self._scaled_query(query), key, value)
         x = self.output_dropout(self.proj(ops.reshape(x, (-1, self.hidden_dim))), training=training)
