@@ -95,13 +95,15 @@ def build_keras_vit(arch, image_size, options):
     # "auto": as keras_vit.training.compile_model decides (plan_xla): on a
     # TensorFlow machine without GPU/TPU, XLA for the float32 train step, and
     # graph mode for inference where the CPU has AVX-512 (XLA where it has
-    # not); bfloat16 in graph mode where the CPU has it.
+    # not); graph-mode training from 512 tokens (384 x 384); bfloat16 in graph
+    # mode where the CPU has it.
     jit = options.get("jit", "auto")
     jit_compile = {"0": False, "1": True}.get(jit, "auto")
     train_xla, infer_xla = keras_vit.training.plan_xla(model, jit_compile, streams)
     optimizer, loss = keras_loss_and_optimizer()
-    model.compile(optimizer=optimizer, loss=loss, jit_compile=train_xla)
+    model.compile(optimizer=optimizer, loss=loss, jit_compile=train_xla or infer_xla)
     keras_vit.training.inference_without_xla(model, train_xla and not infer_xla)
+    keras_vit.training.training_without_xla(model, infer_xla and not train_xla)
     description = (
         f"keras {keras.__version__} ({keras.backend.backend()}), {dtype}, "
         f"{'XLA' if train_xla else 'graph-mode'} training, "

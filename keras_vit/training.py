@@ -17,6 +17,7 @@ import signal
 import keras
 
 from keras_vit import _cpu
+from keras_vit.layers.attention import runs_per_head
 from keras_vit.streams import configured_streams, make_without_xla, use_streams
 
 # Variables (by name) that get no weight decay.
@@ -122,7 +123,12 @@ def compile_model(
     ViT-S/16 inference about 10% faster than XLA there. On a CPU without
     AVX-512 (AVX2 only), oneDNN's products are the slower ones and XLA predicts
     ViT-S/16 and ViT-B/16 1.2-1.5x faster than graph mode, so "auto" compiles
-    them too (docs/performance.md, "Two CPUs"). `jit_compile=True` compiles
+    them too (docs/performance.md, "Two CPUs"). For models with long
+    sequences (from `keras_vit.layers.attention.PER_HEAD_MIN_TOKENS` = 512
+    tokens, such as 16-pixel patches at 384 x 384) such a machine trains in
+    graph mode, whose attention then runs one (image, head) pair at a time:
+    ViT-S/16 384 trained 1.7x faster than with XLA on a 2-core EPYC
+    (docs/performance.md, "Long sequences"). `jit_compile=True` compiles
     all three.
 
     A model that computes in bfloat16 (`dtype="mixed_bfloat16"`, or the policy
@@ -151,13 +157,14 @@ def compile_model(
         optimizer=build_optimizer(optimizer, schedule, weight_decay, clipnorm=clipnorm),
         loss=build_loss(label_smoothing),
         metrics=[keras.metrics.CategoricalAccuracy(name="accuracy")],
-        jit_compile=train_xla,
+        jit_compile=train_xla or infer_xla,
     )
     if keras.backend.backend() == "tensorflow" and _in_multi_worker_mode(model.distribute_strategy):
         _prepare_multi_worker(model)
     else:
         build_optimizer_state(model)
     inference_without_xla(model, train_xla and not infer_xla)
+    training_without_xla(model, infer_xla and not train_xla)
     if streams != 1:
         use_streams(model, streams, infer_jit=infer_xla)
     return model
@@ -174,7 +181,11 @@ def plan_xla(model, jit_compile="auto", streams=1):
         return train_xla, train_xla
     if not _cpu.computes_in_bfloat16(model):
         # oneDNN's float32 products are fast with AVX-512; below it XLA's are faster.
-        return train_xla, train_xla and not _cpu.onednn_avx512()
+        infer_xla = train_xla and not _cpu.onednn_avx512()
+        if streams == 1 and runs_per_head(model):
+            # Long sequences: graph mode's per-head attention trains faster than XLA.
+            return False, infer_xla
+        return train_xla, infer_xla
     if _cpu.native_bfloat16():
         # Graph mode's oneDNN kernels use the CPU's bfloat16 instructions; with
         # streams, whose parts run in graph mode, only the update stays XLA.
@@ -196,6 +207,21 @@ def inference_without_xla(model, enabled=True):
         if enabled:
             make_without_xla(model, name)
     model.predict_function = model.test_function = None
+
+
+def training_without_xla(model, enabled=True):
+    """Makes a compiled `model` train without XLA; predict and evaluate keep it.
+
+    `compile_model(jit_compile="auto")` does this on TensorFlow machines
+    without GPU or TPU for models with long sequences (`plan_xla`). Call it
+    again after each `model.compile`. With `enabled=False` it undoes it.
+    """
+    if not isinstance(model, keras.Model):
+        raise ValueError(f"`model` must be a keras.Model. Received: model={model!r}")
+    vars(model).pop("make_train_function", None)
+    if enabled:
+        make_without_xla(model, "make_train_function")
+    model.train_function = None
 
 
 def build_optimizer_state(model):

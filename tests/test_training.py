@@ -156,6 +156,39 @@ def test_compile_model_auto_predicts_in_graph_mode_on_avx512_cpus(tiny_config, m
         training.inference_without_xla("model.keras")
 
 
+@pytest.mark.parametrize("avx512", [True, False])
+def test_compile_model_auto_trains_long_sequences_in_graph_mode(
+    tiny_config, monkeypatch, per_head_calls, avx512
+):
+    """Per-head attention (here from 2 tokens): the train step leaves XLA, inference as before."""
+    import keras_vit
+    from keras_vit import _cpu
+
+    monkeypatch.setattr(_cpu, "onednn_avx512", lambda: avx512)
+    model = keras_vit.VisionTransformer(**tiny_config)
+    assert training.plan_xla(model) == (False, not avx512)
+    assert training.plan_xla(model, streams=2) == (True, not avx512)  # the parts: graph mode
+    assert training.plan_xla(model, jit_compile=True) == (True, True)
+    training.compile_model(model, total_steps=10)
+    assert not any(_xla_requests(monkeypatch, model.make_train_function))
+    assert any(_xla_requests(monkeypatch, model.make_predict_function)) is not avx512
+    size = tiny_config["image_size"]
+    images = np.random.default_rng(0).uniform(-1, 1, (2, size, size, 3)).astype("float32")
+    labels = keras.utils.to_categorical([0, 1], tiny_config["num_classes"])
+    count = len(per_head_calls)
+    model.train_on_batch(images, labels)
+    assert len(per_head_calls) > count  # the graph-mode step took the per-head core
+    training.training_without_xla(model, False)  # undone: the model's jit_compile again
+    assert model.jit_compile is not avx512
+    assert any(_xla_requests(monkeypatch, model.make_train_function)) is not avx512
+    with pytest.raises(ValueError, match="keras.Model"):
+        training.training_without_xla("model.keras")
+    # Short sequences keep XLA training.
+    short = keras_vit.VisionTransformer(**{**tiny_config, "patch_size": 32})  # 2 tokens: 1 + 1
+    monkeypatch.setattr("keras_vit.layers.attention.PER_HEAD_MIN_TOKENS", 3)
+    assert training.plan_xla(short) == (True, not avx512)
+
+
 def test_onednn_avx512_reads_the_cpu_flags_and_onednn_settings(monkeypatch):
     from keras_vit import _cpu
 

@@ -229,6 +229,7 @@ class MultiHeadSelfAttention(keras.layers.Layer):
                 f"Received: input_shape={tuple(input_shape)}"
             )
         hidden_dim = input_shape[-1]
+        self.tokens = input_shape[1]  # None: any
         if hidden_dim % self.num_heads:
             raise ValueError(
                 "`hidden_dim` must be divisible by `num_heads`. "
@@ -307,3 +308,18 @@ class MultiHeadSelfAttention(keras.layers.Layer):
             "attention_dropout_rate": self.attention_dropout_rate,
             "dropout_rate": self.dropout_rate,
         }
+
+
+def runs_per_head(model):
+    """Whether an attention layer of `model` takes the per-head core in graph mode.
+
+    True when a built `MultiHeadSelfAttention` of `model` (nested layers
+    included) reads at least `PER_HEAD_MIN_TOKENS` tokens: on a TensorFlow
+    machine without GPU or TPU, its graph-mode calls run one (image, head)
+    pair at a time.
+    """
+    return any(
+        isinstance(layer, MultiHeadSelfAttention)
+        and (getattr(layer, "tokens", None) or 0) >= PER_HEAD_MIN_TOKENS
+        for layer in model._flatten_layers()
+    )
