@@ -127,7 +127,7 @@ def compile_model(
     sequences (from `keras_vit.layers.attention.PER_HEAD_MIN_TOKENS` = 512
     tokens, such as 16-pixel patches at 384 x 384) such a machine trains in
     graph mode, whose attention then runs one (image, head) pair at a time:
-    ViT-S/16 384 trained 1.7x faster than with XLA on a 2-core EPYC
+    ViT-S/16 384 trained 1.5-1.7x faster than with XLA on a 2-core EPYC
     (docs/performance.md, "Long sequences"). `jit_compile=True` compiles
     all three.
 
@@ -200,13 +200,7 @@ def inference_without_xla(model, enabled=True):
     without GPU or TPU. Call it again after each `model.compile`. With
     `enabled=False` it undoes it: the model's `jit_compile` applies to all.
     """
-    if not isinstance(model, keras.Model):
-        raise ValueError(f"`model` must be a keras.Model. Received: model={model!r}")
-    for name in ("make_predict_function", "make_test_function"):
-        vars(model).pop(name, None)
-        if enabled:
-            make_without_xla(model, name)
-    model.predict_function = model.test_function = None
+    _functions_without_xla(model, ("predict", "test"), enabled)
 
 
 def training_without_xla(model, enabled=True):
@@ -216,12 +210,18 @@ def training_without_xla(model, enabled=True):
     without GPU or TPU for models with long sequences (`plan_xla`). Call it
     again after each `model.compile`. With `enabled=False` it undoes it.
     """
+    _functions_without_xla(model, ("train",), enabled)
+
+
+def _functions_without_xla(model, kinds, enabled):
+    """Builds `model`'s functions of these kinds ("train", "predict", "test") without XLA."""
     if not isinstance(model, keras.Model):
         raise ValueError(f"`model` must be a keras.Model. Received: model={model!r}")
-    vars(model).pop("make_train_function", None)
-    if enabled:
-        make_without_xla(model, "make_train_function")
-    model.train_function = None
+    for kind in kinds:
+        vars(model).pop(f"make_{kind}_function", None)
+        if enabled:
+            make_without_xla(model, f"make_{kind}_function")
+        setattr(model, f"{kind}_function", None)
 
 
 def build_optimizer_state(model):

@@ -108,9 +108,9 @@ def _runs_per_head(query, key):
     than one (image, head) pair at a time, whose weights stay in the cache and
     whose pairs the loop runs side by side. Measured on a 2-core AMD EPYC at
     577 tokens, batch 8, 6 heads (`python benchmarks/micro.py attention
-    --tokens 577`): the core's forward 87 -> 48 ms, forward + backward
-    205 -> 160 ms; a ViT-S/16 at 384 in graph mode predicted 1.18-1.26x and
-    trained 1.11-1.42x faster. Under XLA the whole model was not faster
+    --tokens 577`): the core's forward 94.7 -> 56.2 ms, forward + backward
+    253.0 -> 168.7 ms; a ViT-S/16 at 384 in graph mode predicted 1.18-1.26x
+    and trained 1.11-1.42x faster (docs/performance.md, "Long sequences"). Under XLA the whole model was not faster
     (0.97x), and at 197 tokens the pairs lose, so both keep the batched core.
     """
     tokens = (query.shape[2], key.shape[2])
@@ -144,11 +144,8 @@ def _attention_core_per_head(query, key, value):
             weights = tf.nn.softmax(tf.cast(logits, tf.float32), axis=-1)
             return weights, tf.matmul(tf.cast(weights, v.dtype), v)
 
-        weights, outputs = tf.map_fn(
-            forward,
-            (pairs(query, queries), pairs(key, keys), pairs(value, keys)),
-            fn_output_signature=(tf.float32, value.dtype),
-        )
+        inputs = (pairs(query, queries), pairs(key, keys), pairs(value, keys))
+        weights, outputs = tf.map_fn(forward, inputs, fn_output_signature=(tf.float32, value.dtype))
 
         def grad(upstream):
             def backward(pair):
@@ -166,7 +163,7 @@ def _attention_core_per_head(query, key, value):
             d_outputs = pairs(tf.transpose(upstream, (0, 2, 1, 3)), queries)
             d_query, d_key, d_value = tf.map_fn(
                 backward,
-                (weights, outputs, d_outputs, *(pairs(t, t.shape[2]) for t in (query, key, value))),
+                (weights, outputs, d_outputs, *inputs),
                 fn_output_signature=(query.dtype, key.dtype, value.dtype),
             )
             return (
