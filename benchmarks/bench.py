@@ -354,10 +354,16 @@ def targets(result):
         if not leads:
             continue
         fastest = min(leads, key=leads.get)
+        # What the target asks of the hardware: the fastest peer's share of the
+        # machine's limit, times the lead wanted. Above 1, no implementation that
+        # does the model's FLOPs can meet the target on this machine.
+        peer_share = peers[fastest].get(f"{kind}_fraction_of_limit")
+        needs = wanted * peer_share if peer_share else None
         out[kind] = {
             "lead_over_fastest_peer": leads[fastest],
             "fastest_peer": fastest,
             "target": wanted,
+            "target_fraction_of_limit": needs,
             "holds": leads[fastest] >= wanted,
         }
         # A variant's lead over the fastest peer, through the reference that ran
@@ -370,6 +376,7 @@ def targets(result):
                     "lead_over_fastest_peer": lead,
                     "fastest_peer": fastest,
                     "target": wanted,
+                    "target_fraction_of_limit": needs,
                     "holds": lead >= wanted,
                 }
     lowest = min(peers, key=lambda n: peers[n]["peak_rss_gb"])
@@ -429,10 +436,12 @@ def markdown(report):
                 if key.startswith("memory"):
                     continue
                 kind, _, name = key.partition(" ")
+                needs = check.get("target_fraction_of_limit")
                 lines.append(
                     f"- {kind}: {name or REFERENCE} {check['lead_over_fastest_peer']:.2f}x the "
-                    f"fastest peer ({check['fastest_peer']}); target {check['target']:.2f}x: "
-                    f"{'holds' if check['holds'] else 'MISSED'}"
+                    f"fastest peer ({check['fastest_peer']}); target {check['target']:.2f}x"
+                    + (f" ({needs:.0%} of the machine's limit)" if needs else "")
+                    + f": {'holds' if check['holds'] else 'MISSED'}"
                 )
             for key, memory in checks.items():
                 if not key.startswith("memory"):

@@ -169,16 +169,47 @@ def test_bench_targets_rate_every_keras_vit_variant_against_the_fastest_peer():
         "keras_vit": {"keras_vit_lead": {}, "peak_rss_gb": 2.0},
         "keras_vit[streams]": entry(0.8, 1.0, 2.1),
         "keras_hub": entry(1.3, 1.2, 2.5),
-        "timm": entry(0.95, 0.9, 1.5),
+        "timm": dict(entry(0.95, 0.9, 1.5), infer_fraction_of_limit=0.8),
         "vit_keras": {"skipped": "not installed"},
     }
     checks = bench.targets({"contenders": table})
+    # What 1.10x timm asks of the hardware: 1.10 x timm's 80% of the limit.
+    assert checks["infer"]["target_fraction_of_limit"] == pytest.approx(0.88)
+    assert checks["train"]["target_fraction_of_limit"] is None  # timm's share unknown
     assert checks["infer"]["fastest_peer"] == "timm" and not checks["infer"]["holds"]
     assert checks["infer keras_vit[streams]"]["lead_over_fastest_peer"] == pytest.approx(1.1875)
     assert checks["infer keras_vit[streams]"]["holds"]
     assert checks["train keras_vit[streams]"]["lead_over_fastest_peer"] == pytest.approx(0.9)
     assert not checks["train keras_vit[streams]"]["holds"]
     assert checks["memory keras_vit"]["holds"] is False
+
+    # The Markdown report says what each speed target asks of the hardware.
+    for name, row in table.items():
+        if not row.get("skipped"):
+            row.update(infer_images_per_s=10.0, train_images_per_s=3.0, rounds=3)
+    result = {
+        "config": "S16-224",
+        "gemm_gflops_per_s": 180.0,
+        "gflops_per_image_forward": 9.2,
+        "limit_infer_images_per_s": 19.6,
+        "limit_train_images_per_s": 6.5,
+        "contenders": table,
+        "targets": checks,
+    }
+    report = {
+        "results": [result],
+        "batch_size": 8,
+        "dtype": "float32",
+        "gemm_dtype": "float32",
+        "date": "today",
+        "machine": "here",
+        "command": "bench",
+    }
+    lines = bench.markdown(report).splitlines()
+    infer_line = next(line for line in lines if line.startswith("- infer: keras_vit "))
+    assert "target 1.10x (88% of the machine's limit): MISSED" in infer_line
+    train_line = next(line for line in lines if line.startswith("- train: keras_vit "))
+    assert "target 1.20x: MISSED" in train_line
 
 
 def _gpu_script(tmp_path, **env):
