@@ -71,6 +71,13 @@ CONTENDERS = {
         {"KERAS_BACKEND": "tensorflow"},
         {"jit": "1", "streams": "2"},
     ),
+    # TensorFlow's default CPU allocator (malloc) instead of the pool that
+    # importing keras_vit turns on (keras_vit/_memory.py).
+    "keras_vit[malloc]": (
+        "keras_vit",
+        {"KERAS_BACKEND": "tensorflow", "TF_CPU_ALLOCATOR_USE_BFC": "false"},
+        {"jit": "auto"},
+    ),
     "keras_vit[no-xla]": ("keras_vit", {"KERAS_BACKEND": "tensorflow"}, {"jit": "0"}),
     # Gradient checkpointing of every block (VisionTransformer(remat=True)).
     "keras_vit[remat]": (

@@ -113,6 +113,11 @@ def build_keras_vit(arch, image_size, options):
         # As keras_vit.training.compile_model does after configure_cpu_streams.
         keras_vit.streams.use_streams(model, streams, infer_jit=infer_xla)
         description += f", {streams} CPU streams"
+    if keras.backend.backend() == "tensorflow":
+        # Importing keras_vit turns on TensorFlow's pooling CPU allocator
+        # (keras_vit/_memory.py) unless TF_CPU_ALLOCATOR_USE_BFC says otherwise.
+        pooled = keras_vit._memory.cpu_memory_pooled()
+        description += ", pooled CPU memory" if pooled else ", malloc CPU memory"
     return model, description + (", remat of every block" if remat else "")
 
 

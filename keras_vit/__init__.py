@@ -1,6 +1,7 @@
 """keras_vit: Vision Transformers for Keras 3."""
 
 from keras_vit import (
+    _memory,  # noqa: F401  (first: TensorFlow's pooling CPU allocator, see _memory.py)
     layers,
     streams,  # noqa: F401  (keras_vit.streams.configure_cpu_streams, use_streams)
     training,  # noqa: F401  (registers WarmupCosine for model.keras)

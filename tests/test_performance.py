@@ -184,7 +184,7 @@ def test_bench_targets_rate_every_keras_vit_variant_against_the_fastest_peer():
     assert checks["memory keras_vit"]["holds"] is False
 
     # The Markdown report says what each speed target asks of the hardware.
-    for name, row in table.items():
+    for row in table.values():
         if not row.get("skipped"):
             row.update(infer_images_per_s=10.0, train_images_per_s=3.0, rounds=3)
     result = {
