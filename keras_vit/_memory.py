@@ -10,7 +10,7 @@ an evaluation, another job on the machine), each fault costs more: 2.6-4.2 s
 of kernel time, and the step took 6.6-7.5 s instead of 5.4 s. TensorFlow's
 BFC allocator (`TF_CPU_ALLOCATOR_USE_BFC`) keeps the memory it has allocated
 and reuses it: no page faults after the first step, 4.9-5.0 s per step
-(docs/performance.md, "CPU memory").
+(docs/performance.md, "CPU memory: the pooling allocator").
 
 TensorFlow reads the setting once, when it creates its CPU device, at the
 first operation it runs. So keras_vit sets it when it is imported, and only
@@ -56,8 +56,9 @@ def pool_cpu_memory(environ=None):
 def cpu_memory_pooled():
     """Whether this process's TensorFlow CPU device allocates from the BFC pool.
 
-    Creates the CPU device if TensorFlow has not yet; False on other backends
-    and where TensorFlow is not installed.
+    Answers for TensorFlow whatever Keras' backend is (on JAX, tf.data still
+    allocates through it). Creates the CPU device if TensorFlow has not yet;
+    False where TensorFlow is not installed.
     """
     try:
         import tensorflow as tf
