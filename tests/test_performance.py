@@ -256,6 +256,18 @@ def test_gpu_script_reports_a_contender_over_its_time_limit(tmp_path):
     assert "| keras_vit | failed: no output" in done.stdout
 
 
+def test_bench_refuses_an_unknown_contender_and_knows_the_malloc_one(capsys):
+    bench = load_benchmark_script("bench")
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--contenders", "keras_vit,nope"])
+    error = capsys.readouterr().err
+    assert "--contenders" in error and "Received: 'nope'" in error
+    assert "keras_vit[malloc]" in error  # listed among the names it takes
+    assert bench.parse_args(["--contenders", "keras_vit,keras_vit[malloc]"])
+    _, env, _ = bench.CONTENDERS["keras_vit[malloc]"]
+    assert env["TF_CPU_ALLOCATOR_USE_BFC"] == "false"
+
+
 def test_bench_dtype_reaches_the_contenders_and_the_limit(capsys):
     bench = load_benchmark_script("bench")
     assert bench.parse_args([]).dtype == "float32"
