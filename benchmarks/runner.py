@@ -96,22 +96,22 @@ def build_keras_vit(arch, image_size, options):
     # TensorFlow machine without GPU/TPU, XLA for the float32 train step, and
     # graph mode for inference where the CPU has AVX-512 (XLA where it has
     # not); graph-mode training from 512 tokens (384 x 384); bfloat16 in graph
-    # mode where the CPU has it.
+    # mode where the CPU has it. compile_fast is compile_model's plan for the
+    # bench's own optimizer and loss; it also builds the optimizer's slots and,
+    # with streams configured, cuts each batch into parts (use_streams).
     jit = options.get("jit", "auto")
     jit_compile = {"0": False, "1": True}.get(jit, "auto")
-    train_xla, infer_xla = keras_vit.training.plan_xla(model, jit_compile, streams)
     optimizer, loss = keras_loss_and_optimizer()
-    model.compile(optimizer=optimizer, loss=loss, jit_compile=train_xla or infer_xla)
-    keras_vit.training.inference_without_xla(model, train_xla and not infer_xla)
-    keras_vit.training.training_without_xla(model, infer_xla and not train_xla)
+    keras_vit.training.compile_fast(
+        model, optimizer, loss, jit_compile=jit_compile, streams=streams
+    )
+    train_xla, infer_xla = keras_vit.training.plan_xla(model, jit_compile, streams)
     description = (
         f"keras {keras.__version__} ({keras.backend.backend()}), {dtype}, "
         f"{'XLA' if train_xla else 'graph-mode'} training, "
         f"{'XLA' if infer_xla else 'graph-mode'} inference"
     )
     if streams > 1:
-        # As keras_vit.training.compile_model does after configure_cpu_streams.
-        keras_vit.streams.use_streams(model, streams, infer_jit=infer_xla)
         description += f", {streams} CPU streams"
     if keras.backend.backend() == "tensorflow":
         # Importing keras_vit turns on TensorFlow's pooling CPU allocator
@@ -182,7 +182,8 @@ class KerasContender:
         # keras_vit.training.compile_model creates them. Left to Keras, they are
         # created while the first train step is traced, and after a predict
         # function an XLA train step then keeps ~2 GB more at ViT-S/16 384.
-        self.model.optimizer.build(self.model.trainable_variables)
+        if not self.model.optimizer.built:
+            self.model.optimizer.build(self.model.trainable_variables)
         rng = np.random.default_rng(0)
         self.images = rng.uniform(-1, 1, (batch_size, image_size, image_size, 3)).astype("float32")
         self.labels = rng.integers(0, NUM_CLASSES, (batch_size,)).astype("int32")

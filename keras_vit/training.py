@@ -17,6 +17,7 @@ import signal
 import keras
 
 from keras_vit import _cpu
+from keras_vit.layers._checks import positive_int
 from keras_vit.layers.attention import runs_per_head
 from keras_vit.streams import configured_streams, make_without_xla, use_streams
 
@@ -146,18 +147,47 @@ def compile_model(
     a TensorFlow machine without GPU or TPU and one replica; an integer asks for
     that many (`keras_vit.streams.use_streams`).
     """
-    if streams == "auto":
-        single = _cpu.cpu_only_tensorflow() and model.distribute_strategy.num_replicas_in_sync == 1
-        streams = configured_streams() if single else 1
-    train_xla, infer_xla = plan_xla(model, jit_compile, streams)
     if warmup_steps is None:
         warmup_steps = max(1, total_steps // 10)
     schedule = WarmupCosine(learning_rate, total_steps, min(warmup_steps, total_steps))
-    model.compile(
+    return compile_fast(
+        model,
         optimizer=build_optimizer(optimizer, schedule, weight_decay, clipnorm=clipnorm),
         loss=build_loss(label_smoothing),
         metrics=[keras.metrics.CategoricalAccuracy(name="accuracy")],
+        jit_compile=jit_compile,
+        streams=streams,
+    )
+
+
+def compile_fast(
+    model, optimizer, loss, metrics=None, jit_compile="auto", streams="auto", **kwargs
+):
+    """`model.compile(optimizer, loss, metrics, **kwargs)` run the way `compile_model` runs it.
+
+    For your own optimizer and loss: the train step, predict and evaluate each
+    get XLA or TensorFlow's graph mode as `plan_xla` picks for this machine and
+    model (see `compile_model` for `jit_compile="auto"` and `streams="auto"`),
+    and the optimizer's slot variables are created now rather than while the
+    first train step is traced (`build_optimizer_state`). A plain
+    `model.compile(...)` on a CPU-only machine leaves all three without XLA.
+    `kwargs` go to `model.compile` (`steps_per_execution`, `loss_weights`, ...).
+    Returns `model`.
+    """
+    if not isinstance(model, keras.Model):
+        raise ValueError(f"`model` must be a keras.Model. Received: model={model!r}")
+    if streams == "auto":
+        single = _cpu.cpu_only_tensorflow() and model.distribute_strategy.num_replicas_in_sync == 1
+        streams = configured_streams() if single else 1
+    else:
+        streams = positive_int("streams", streams)
+    train_xla, infer_xla = plan_xla(model, jit_compile, streams)
+    model.compile(
+        optimizer=optimizer,
+        loss=loss,
+        metrics=metrics,
         jit_compile=train_xla or infer_xla,
+        **kwargs,
     )
     if keras.backend.backend() == "tensorflow" and _in_multi_worker_mode(model.distribute_strategy):
         _prepare_multi_worker(model)

@@ -284,3 +284,32 @@ def test_bench_dtype_reaches_the_contenders_and_the_limit(capsys):
     with pytest.raises(ValueError, match="gemm_size"):
         runner.GemmContender(None, 224, 8, {"gemm_size": "0"})
     assert all(gflops > 0 for gflops in gemm.gemm(0.2).values())
+
+
+@pytest.mark.tensorflow_only
+@pytest.mark.parametrize("avx512", [True, False])
+def test_runner_compiles_keras_vit_with_compile_models_plan(monkeypatch, avx512):
+    """The bench's keras_vit contender runs as keras_vit.training.compile_fast plans it."""
+    from keras_vit import _cpu
+
+    monkeypatch.setattr(_cpu, "onednn_avx512", lambda: avx512)
+    runner = load_benchmark_script("runner")
+    arch = (16, 32, 64, 2, 2)  # patch, width, MLP width, heads, blocks
+    contender = runner.KerasContender(runner.build_keras_vit, arch, 32, 2, {})
+    model = contender.model
+    inference = "graph-mode" if avx512 else "XLA"
+    assert f"float32, XLA training, {inference} inference, pooled CPU memory" in (
+        contender.description
+    )
+    assert model.jit_compile is True and model.optimizer.built
+    # Graph-mode inference replaces the model's predict-function maker; XLA keeps Keras'.
+    assert ("make_predict_function" in vars(model)) is avx512
+    assert "make_train_function" not in vars(model)
+    slots = [id(v) for v in model.optimizer.variables]
+    assert contender.infer().shape == (2, runner.NUM_CLASSES)
+    assert np.isfinite(contender.train())
+    assert [id(v) for v in model.optimizer.variables] == slots  # built once, not twice
+    plain = runner.KerasContender(runner.build_keras_vit, arch, 32, 2, {"jit": "0", "remat": "1"})
+    assert "graph-mode training, graph-mode inference" in plain.description
+    assert plain.description.endswith("remat of every block")
+    assert plain.model.jit_compile is False

@@ -274,6 +274,48 @@ def test_compile_model_auto_runs_bfloat16_where_the_cpu_runs_it_fast(
     assert any(_xla_requests(monkeypatch, model.make_predict_function))
 
 
+@pytest.mark.parametrize("avx512", [True, False])
+def test_compile_fast_gives_your_optimizer_and_loss_compile_models_plan(
+    tiny_config, monkeypatch, avx512
+):
+    import keras_vit
+    from keras_vit import _cpu
+
+    monkeypatch.setattr(_cpu, "onednn_avx512", lambda: avx512)
+    model = keras_vit.VisionTransformer(**tiny_config)
+    optimizer = keras.optimizers.SGD(0.05, momentum=0.9)
+    loss = keras.losses.CategoricalCrossentropy(from_logits=True)
+    returned = training.compile_fast(
+        model, optimizer, loss, metrics=["accuracy"], steps_per_execution=2
+    )
+    assert returned is model and model.optimizer is optimizer and model.loss is loss
+    assert model.steps_per_execution == 2  # the other compile() arguments reach Keras
+    assert optimizer.built  # slots made now, not while the first step is traced
+    # The same plan as compile_model: XLA training, XLA inference only below AVX-512.
+    assert any(_xla_requests(monkeypatch, model.make_train_function))
+    assert any(_xla_requests(monkeypatch, model.make_predict_function)) is not avx512
+    assert any(_xla_requests(monkeypatch, model.make_test_function)) is not avx512
+    size = tiny_config["image_size"]
+    rng = np.random.default_rng(0)
+    images = rng.uniform(-1, 1, (4, size, size, 3)).astype("float32")
+    labels = keras.utils.to_categorical([0, 1, 2, 0], tiny_config["num_classes"])
+    before = model.predict_on_batch(images)
+    history = model.fit(images, labels, batch_size=2, epochs=2, verbose=0)
+    assert np.isfinite(history.history["loss"]).all()
+    assert not np.allclose(model.predict_on_batch(images), before)  # SGD moved the weights
+    # Two streams: the batch runs as two parts, with the same outputs.
+    whole = model.predict_on_batch(images)
+    training.compile_fast(model, keras.optimizers.SGD(0.05), loss, jit_compile=False, streams=2)
+    assert not any(_xla_requests(monkeypatch, model.make_predict_function))
+    np.testing.assert_allclose(model.predict_on_batch(images), whole, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="keras.Model"):
+        training.compile_fast("model.keras", optimizer, loss)
+    with pytest.raises(ValueError, match="streams"):
+        training.compile_fast(model, optimizer, loss, streams=0)
+    with pytest.raises(ValueError, match="jit_compile"):
+        training.compile_fast(model, optimizer, loss, jit_compile="always")
+
+
 def test_compile_model_builds_optimizer_slots_before_the_first_step(tiny_config):
     import keras_vit
 
