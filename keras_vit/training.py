@@ -171,6 +171,7 @@ def compile_fast(
     and the optimizer's slot variables are created now rather than while the
     first train step is traced (`build_optimizer_state`). A plain
     `model.compile(...)` on a CPU-only machine leaves all three without XLA.
+    `optimizer=None` compiles for `evaluate` and `predict` only.
     `kwargs` go to `model.compile` (`steps_per_execution`, `loss_weights`, ...).
     Returns `model`.
     """

@@ -308,6 +308,11 @@ def test_compile_fast_gives_your_optimizer_and_loss_compile_models_plan(
     training.compile_fast(model, keras.optimizers.SGD(0.05), loss, jit_compile=False, streams=2)
     assert not any(_xla_requests(monkeypatch, model.make_predict_function))
     np.testing.assert_allclose(model.predict_on_batch(images), whole, rtol=1e-4, atol=1e-5)
+    # No optimizer: evaluation only, still with the plan's inference.
+    training.compile_fast(model, None, loss, metrics=["accuracy"])
+    assert model.optimizer is None
+    assert any(_xla_requests(monkeypatch, model.make_test_function)) is not avx512
+    assert np.isfinite(model.evaluate(images, labels, verbose=0)).all()
     with pytest.raises(ValueError, match="keras.Model"):
         training.compile_fast("model.keras", optimizer, loss)
     with pytest.raises(ValueError, match="streams"):

@@ -38,8 +38,12 @@ def run(args):
             f"--data has {data.num_classes} classes but the model predicts {classes}. "
             f"Received: data={args.data!r}"
         )
-    model.compile(
-        loss=training.build_loss(0.0),
+    # No optimizer: evaluation only. XLA or graph mode as compile_model plans
+    # inference for this machine (a plain compile() leaves a CPU without XLA).
+    training.compile_fast(
+        model,
+        None,
+        training.build_loss(0.0),
         metrics=[keras.metrics.CategoricalAccuracy(name="accuracy")],
     )
     loss, accuracy = model.evaluate(data_module.eval_pipeline(data, args.batch_size), verbose=0)
