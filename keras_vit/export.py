@@ -71,7 +71,9 @@ def _check_model(model):
     shape = tuple(model.inputs[0].shape)
     if len(shape) != 4 or any(size is None for size in shape[1:]):
         raise ValueError(
-            "`model` must take images of a fixed size (batch, height, width, channels). "
+            "`model` must take images of a fixed size (batch, height, width, channels); "
+            "for a keras_vit model built with dynamic_image_size=True, build the same model "
+            "without it and copy the weights: fixed.set_weights(model.get_weights()). "
             f"Received: a model with input shape {shape}"
         )
     if len(model.outputs) != 1 or len(model.outputs[0].shape) != 2:

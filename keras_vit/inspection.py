@@ -49,6 +49,12 @@ def _model_input(model):
 def _check_images(model, images):
     images = np.asarray(images) if not hasattr(images, "shape") else images
     expected = tuple(model.input_shape[1:])
+    if None in expected:
+        raise ValueError(
+            "Attention maps need a model of a fixed image size; this one takes any size "
+            f"(input shape {tuple(model.input_shape)}). Build the same model without "
+            "dynamic_image_size and copy the weights: fixed.set_weights(model.get_weights())."
+        )
     if len(images.shape) != 4 or tuple(images.shape[1:]) != expected:
         raise ValueError(
             f"`images` must be a batch of shape (batch, {', '.join(map(str, expected))}), "

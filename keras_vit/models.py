@@ -80,6 +80,7 @@ def VisionTransformer(
     num_channels=3,
     resnet_layers=None,
     resnet_width=1,
+    dynamic_image_size=False,
     weights=None,
     dtype=None,
     name="vision_transformer",
@@ -127,6 +128,15 @@ def VisionTransformer(
         resnet_width: width multiplier of the hybrid's ResNet (stage i has
             bottleneck width 64 * resnet_width * 2**i); 64 * resnet_width
             must be a multiple of 32, the GroupNorm groups.
+        dynamic_image_size: False: the model takes images of `image_size`
+            only. True: images of any size whose sides are multiples of the
+            patch size (the model's input is (None, None, channels)); the
+            position embedding, learned for `image_size`, is resized to each
+            input's grid of patches, bicubic and antialiased, as timm's
+            `dynamic_img_size=True` (at `image_size` the outputs are those of
+            the fixed model). In TensorFlow's graph mode, one trace serves
+            every size once Keras has relaxed the shapes; XLA compiles once
+            per size.
         weights: None, a local checkpoint file (.npz, .safetensors) or a
             preset name.
         dtype: a dtype or dtype policy name such as "mixed_bfloat16". With a
@@ -188,18 +198,36 @@ def VisionTransformer(
             )
     if not isinstance(remat, bool):
         raise ValueError(f"`remat` must be True or False. Received: remat={remat!r}")
+    if not isinstance(dynamic_image_size, bool):
+        raise ValueError(
+            "`dynamic_image_size` must be True or False. "
+            f"Received: dynamic_image_size={dynamic_image_size!r}"
+        )
     if classifier_activation is not None:
         keras.activations.get(classifier_activation)  # raises on an unknown name
     weights_file = _check_weights_argument(weights)
     outer_dtype = "float32" if _is_mixed(dtype) else dtype
 
     # Layers and functional graph.
-    images = keras.Input(shape=(*image_size, num_channels), name="images")
+    input_size = (None, None) if dynamic_image_size else image_size
+    images = keras.Input(shape=(*input_size, num_channels), name="images")
     x = images
+    grid = None
+    if dynamic_image_size:
+        # The position embedding's grid: that of `image_size` (on the ResNet map for a hybrid).
+        mapped = (
+            image_size if resnet_layers is None else feature_map_size(image_size, resnet_layers)
+        )
+        grid = (mapped[0] // patch_size[0], mapped[1] // patch_size[1])
     if resnet_layers is not None:
         x = ResNetStem(layers=resnet_layers, width=resnet_width, dtype=dtype, name="resnet")(x)
     x = PatchEncoder(
-        patch_size, hidden_dim, class_token=pooling == "token", dtype=dtype, name="patch_encoder"
+        patch_size,
+        hidden_dim,
+        class_token=pooling == "token",
+        grid_size=grid,
+        dtype=dtype,
+        name="patch_encoder",
     )(x)
     x = keras.layers.Dropout(dropout_rate, dtype=dtype, name="embedding_dropout")(x)
     for index in range(num_layers):

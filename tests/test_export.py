@@ -325,6 +325,9 @@ def test_export_time_validation(tiny_config, tmp_path):
     free_size = keras.Model(*_free_size_model())
     with pytest.raises(ValueError, match="images of a fixed size"):
         export_saved_model(free_size, path)
+    dynamic = keras_vit.VisionTransformer(**tiny_config, dynamic_image_size=True)
+    with pytest.raises(ValueError, match="images of a fixed size"):
+        export_saved_model(dynamic, path)
     features = tiny_model(tiny_config, num_classes=0)
     with pytest.raises(ValueError, match="`class_names` needs a model with a classification head"):
         export_saved_model(features, path, class_names=CLASS_NAMES)

@@ -158,6 +158,9 @@ def test_bad_inputs_get_clear_errors(tiny_config, images):
         keras_vit.attention_rollout(maps, head_fusion="median")
     with pytest.raises(ValueError, match="discard_ratio"):
         keras_vit.attention_rollout(maps, discard_ratio=1.0)
+    dynamic = keras_vit.VisionTransformer(**tiny_config, dynamic_image_size=True)
+    with pytest.raises(ValueError, match=r"fixed image size.*set_weights"):
+        keras_vit.attention_maps(dynamic, images)
 
 
 def test_mean_attention_distance_of_local_and_uniform_attention(tiny_config, images):

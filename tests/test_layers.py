@@ -137,6 +137,34 @@ def test_patch_encoder_rejects_wrong_channels_and_grid():
         layers.PatchEncoder(8, hidden_dim=0)
     with pytest.raises(TypeError, match="class_token"):
         layers.PatchEncoder(8, hidden_dim=8, class_token="yes")
+    with pytest.raises(ValueError, match="grid_size"):
+        layers.PatchEncoder(8, hidden_dim=8, grid_size=(4, 0))
+
+
+def test_patch_encoder_with_a_grid_resizes_its_position_embedding():
+    """grid_size: any image size; the embedding's grid part resized, the class token's kept.
+
+    The resize itself is checked against timm's in test_weights.py.
+    """
+    layer = layers.PatchEncoder(4, hidden_dim=6, grid_size=(2, 3))
+    layer.build((None, None, None, 3))
+    assert tuple(layer.position_embedding.shape) == (1, 1 + 2 * 3, 6)
+    perturb(layer)
+    learned = to_numpy(layer.position_embedding)
+    np.testing.assert_array_equal(to_numpy(layer.position_embedding_for((2, 3))), learned)
+    for grid in [(2, 3), (4, 6), (1, 1), (3, 2)]:
+        images = RNG.normal(size=(2, 4 * grid[0], 4 * grid[1], 3)).astype("float32")
+        embedding = to_numpy(layer.position_embedding_for(grid))
+        assert embedding.shape == (1, 1 + grid[0] * grid[1], 6)
+        np.testing.assert_array_equal(embedding[:, :1], learned[:, :1])
+        # The same as a fixed layer built for this grid that holds the resized embedding.
+        fixed = layers.PatchEncoder(4, hidden_dim=6)
+        fixed(images)
+        for name in ("kernel", "bias", "cls_token"):
+            getattr(fixed, name).assign(getattr(layer, name))
+        fixed.position_embedding.assign(embedding)
+        np.testing.assert_allclose(to_numpy(layer(images)), to_numpy(fixed(images)), atol=1e-6)
+    assert_round_trip(layer, RNG.normal(size=(2, 12, 8, 3)).astype("float32"))
 
 
 def _layer_loss_and_gradients(layer, x, upstream, mode="eager"):

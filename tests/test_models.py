@@ -245,6 +245,7 @@ BAD_ARGUMENTS = [
     (dict(classifier_activation="nope"), ValueError, "nope"),
     (dict(weights="no-such-checkpoint"), ValueError, "weights='no-such-checkpoint'"),
     (dict(weights=3), TypeError, "weights=3"),
+    (dict(dynamic_image_size="yes"), ValueError, "dynamic_image_size='yes'"),
 ]
 
 
@@ -271,6 +272,37 @@ def test_bad_images_at_call_time(tiny_config):
         model(np.zeros((32, 32, 3), "float32"))
     with pytest.raises(ValueError, match=r"shape|built for"):
         model(np.zeros((1, 48, 48, 3), "float32"))
+    dynamic = keras_vit.VisionTransformer(**tiny_config, dynamic_image_size=True)
+    with pytest.raises(ValueError, match=r"multiple of the patch size.*\(30, 32\)"):
+        dynamic(np.zeros((1, 30, 32, 3), "float32"))
+    with pytest.raises(ValueError, match=r"3|channels"):
+        dynamic(np.zeros((1, 32, 32, 1), "float32"))
+
+
+def test_dynamic_image_size_takes_any_size_and_saves(tmp_path, tiny_config, images):
+    """Fixed and dynamic models share their weights; timm's goldens are in test_weights.py."""
+    fixed = keras_vit.VisionTransformer(**tiny_config)
+    dynamic = keras_vit.VisionTransformer(**tiny_config, dynamic_image_size=True)
+    assert dynamic.input_shape == (None, None, None, 3)
+    rng = np.random.default_rng(0)
+    for weight in fixed.weights:
+        weight.assign(rng.normal(0, 0.2, weight.shape))
+    dynamic.set_weights(fixed.get_weights())  # the same variables, the same shapes
+    # At the size it was built for, the position embedding is used as it is.
+    np.testing.assert_array_equal(to_numpy(dynamic(images)), to_numpy(fixed(images)))
+    other = rng.uniform(-1, 1, (2, 48, 24, 3)).astype("float32")
+    outputs = to_numpy(dynamic(other))
+    assert outputs.shape == (2, tiny_config["num_classes"]) and np.isfinite(outputs).all()
+    path = os.path.join(tmp_path, "dynamic.keras")
+    dynamic.save(path)
+    loaded = keras.models.load_model(path, safe_mode=True)
+    assert loaded.input_shape == (None, None, None, 3)
+    np.testing.assert_allclose(to_numpy(loaded(other)), outputs, rtol=1e-5, atol=1e-6)
+    # Training on batches of two sizes, through Keras' compiled train function.
+    labels = keras.utils.to_categorical([0, 1], tiny_config["num_classes"])
+    dynamic.compile(optimizer=keras.optimizers.SGD(0.01), loss="categorical_crossentropy")
+    for batch in (images, other, images):
+        assert np.isfinite(dynamic.train_on_batch(batch, labels))
 
 
 def test_preprocess_inputs_maps_uint8_to_unit_range():

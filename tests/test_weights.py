@@ -262,6 +262,23 @@ def test_timm_resolution_change_matches_timm_resample_and_logits():
     assert max_diff(predict(model, inputs), logits) <= TOLERANCE
 
 
+def test_dynamic_image_size_matches_timm_dynamic_img_size():
+    """Images of other sizes than the model's: timm with dynamic_img_size=True is the golden."""
+    path = os.path.join(DATA, "timm_square.safetensors")
+    model = tiny_model("square", dynamic_image_size=True)
+    assert model.input_shape == (None, None, None, 3)
+    assert load_weights(model, path)["resized"] is None  # learned for 32x32, kept as it is
+    golden = np.load(os.path.join(DATA, "timm_dynamic.npz"))
+    sizes = [key[len("inputs_") :] for key in golden.files if key.startswith("inputs_")]
+    assert len(sizes) >= 4 and "32x32" in sizes
+    for size in sizes:
+        inputs, logits = golden[f"inputs_{size}"], golden[f"logits_{size}"]
+        assert max_diff(predict(model, inputs), logits) <= TOLERANCE, size
+        # Keras' compiled predict function: on TensorFlow, after the second size its
+        # trace has unknown image sizes, and the resize takes the size as a tensor.
+        assert max_diff(model.predict(inputs, verbose=0), logits) <= TOLERANCE, size
+
+
 def test_resize_half_pixel_matches_timm_resample():
     state = load_file(os.path.join(DATA, "timm_square.safetensors"))
     golden = np.load(os.path.join(DATA, "timm_resample_posemb.npy"))

@@ -13,7 +13,10 @@ so each tensor changes the logits), and stored under tests/data/:
 plus timm_resample_*.npy: timm's own `resample_abs_pos_embed` of the "square"
 model's position embedding to a 6x6 grid (bilinear, no antialias), the golden
 of keras_vit's half-pixel resize, and the logits of that resized timm model
-on 48x48 inputs. The "gap" model uses fc_norm=False so that timm normalises
+on 48x48 inputs, and timm_dynamic.npz: the "square" model's weights in a timm
+model with `dynamic_img_size=True` (its position embedding resized to each
+input's grid, bicubic with antialiasing), inputs of several sizes and their
+logits. The "gap" model uses fc_norm=False so that timm normalises
 before pooling, as the original ViT does. timm's GELU is the exact erf one.
 """
 
@@ -23,7 +26,7 @@ import os
 import numpy as np
 import timm  # noqa: F401
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 from timm.layers import resample_abs_pos_embed
 from timm.models.vision_transformer import VisionTransformer
 
@@ -84,6 +87,7 @@ def main():
                 logits48 = big(torch.from_numpy(inputs48).permute(0, 3, 1, 2)).numpy()
             np.save(os.path.join(DATA, "timm_resample_inputs.npy"), inputs48)
             np.save(os.path.join(DATA, "timm_resample_logits.npy"), logits48.astype("float32"))
+    manifest["dynamic"] = write_dynamic()
     with open(os.path.join(DATA, "timm_fixtures.json"), "w") as file:
         json.dump(
             {"timm": timm.__version__, "torch": torch.__version__, "configs": manifest},
@@ -91,6 +95,28 @@ def main():
             indent=1,
         )
         file.write("\n")
+
+
+# Input sizes (height, width) of the dynamic fixture: larger, smaller, the
+# model's own, non-square, and a single patch.
+DYNAMIC_SIZES = [(48, 40), (16, 24), (32, 32), (24, 56), (8, 8)]
+
+
+def write_dynamic():
+    """timm_dynamic.npz from timm_square.safetensors; returns the timm config."""
+    config = {**BASE, **CONFIGS["square"], "dynamic_img_size": True}
+    model = VisionTransformer(**config).eval()
+    model.load_state_dict(load_file(os.path.join(DATA, "timm_square.safetensors")))
+    rng = np.random.default_rng(100)
+    arrays = {}
+    for height, width in DYNAMIC_SIZES:
+        inputs = rng.uniform(-1, 1, (2, height, width, 3)).astype("float32")
+        with torch.no_grad():
+            logits = model(torch.from_numpy(inputs).permute(0, 3, 1, 2)).numpy()
+        arrays[f"inputs_{height}x{width}"] = inputs
+        arrays[f"logits_{height}x{width}"] = logits.astype("float32")
+    np.savez(os.path.join(DATA, "timm_dynamic.npz"), **arrays)
+    return config
 
 
 if __name__ == "__main__":

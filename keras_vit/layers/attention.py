@@ -259,7 +259,7 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         # pass, halve the attention core's forward + backward time without XLA
         # (see benchmarks/micro.py attention).
         qkv = self.qkv(ops.reshape(inputs, (-1, self.hidden_dim)))
-        qkv = ops.reshape(qkv, (-1, inputs.shape[1], 3, self.num_heads, self.head_dim))
+        qkv = ops.reshape(qkv, (-1, _tokens(inputs), 3, self.num_heads, self.head_dim))
         query, key, value = ops.unstack(ops.transpose(qkv, (2, 0, 3, 1, 4)), num=3, axis=0)
         return query, key, value
 
@@ -287,7 +287,7 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         else:
             x = _attention_core(self._scaled_query(query), key, value)
         x = self.output_dropout(self.proj(ops.reshape(x, (-1, self.hidden_dim))), training=training)
-        return ops.reshape(x, (-1, query.shape[2], self.hidden_dim))
+        return ops.reshape(x, (-1, _tokens(query, axis=2), self.hidden_dim))
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape)
@@ -305,6 +305,12 @@ class MultiHeadSelfAttention(keras.layers.Layer):
             "attention_dropout_rate": self.attention_dropout_rate,
             "dropout_rate": self.dropout_rate,
         }
+
+
+def _tokens(tensor, axis=1):
+    """The token count: a Python int where the shape is known, else a scalar tensor."""
+    count = tensor.shape[axis]
+    return count if count is not None else ops.shape(tensor)[axis]
 
 
 def runs_per_head(model):

@@ -19,10 +19,19 @@ class PatchEncoder(keras.layers.Layer):
     Weights of a flattened projection of shape (P_h * P_w * C, D) are the same
     numbers reshaped: `kernel.assign(flat.reshape(kernel.shape))`.
 
+    With `grid_size` set, the layer takes images of any size (the input's
+    height and width may be None): the position embedding is learned on a
+    `grid_size` grid of patches and, for images of another grid, resized to
+    theirs on the fly, bicubic and antialiased (the class token's position is
+    kept), as timm's `dynamic_img_size=True` does.
+
     Args:
         patch_size: int or (height, width) of a patch.
         hidden_dim: width D of the tokens.
         class_token: whether to prepend a learnable class token.
+        grid_size: None (the default): the grid of the images the layer is
+            built for, the only size it then takes. Or (rows, columns) of the
+            position embedding, for images of any size.
 
     Call arguments:
         images: a (batch, height, width, channels) tensor; the height and
@@ -38,27 +47,33 @@ class PatchEncoder(keras.layers.Layer):
     (2, 17, 16)
     """
 
-    def __init__(self, patch_size, hidden_dim, class_token=True, **kwargs):
+    def __init__(self, patch_size, hidden_dim, class_token=True, grid_size=None, **kwargs):
         super().__init__(**kwargs)
         self.patch_size = as_pair("patch_size", patch_size)
         self.hidden_dim = positive_int("hidden_dim", hidden_dim)
         if not isinstance(class_token, bool):
             raise TypeError(f"`class_token` must be a bool. Received: class_token={class_token!r}")
         self.class_token = class_token
+        # Any image size when set: the position embedding's grid, resized per input.
+        self.dynamic = grid_size is not None
+        self.grid_size = as_pair("grid_size", grid_size) if self.dynamic else None
 
     @property
     def num_prefix_tokens(self):
         return 1 if self.class_token else 0
 
     def build(self, input_shape):
-        check_image_shape(self.__class__.__name__, input_shape, self.patch_size)
-        height, width, channels = input_shape[1], input_shape[2], input_shape[3]
-        self.num_channels = channels
-        self.grid_size = (height // self.patch_size[0], width // self.patch_size[1])
+        if self.dynamic:
+            self._check_any_size(input_shape)
+        else:
+            check_image_shape(self.__class__.__name__, input_shape, self.patch_size)
+            height, width = input_shape[1], input_shape[2]
+            self.grid_size = (height // self.patch_size[0], width // self.patch_size[1])
+        self.num_channels = input_shape[3]
         num_tokens = self.grid_size[0] * self.grid_size[1] + self.num_prefix_tokens
         self.kernel = self.add_weight(
             name="kernel",
-            shape=(*self.patch_size, channels, self.hidden_dim),
+            shape=(*self.patch_size, self.num_channels, self.hidden_dim),
             initializer="lecun_normal",
         )
         self.bias = self.add_weight(name="bias", shape=(self.hidden_dim,), initializer="zeros")
@@ -73,26 +88,82 @@ class PatchEncoder(keras.layers.Layer):
         )
         self.built = True
 
+    def _check_any_size(self, shape, channels=None):
+        """A dynamic layer's check: rank 4, known channels, sizes (where known) tiling."""
+        name = self.__class__.__name__
+        if len(shape) != 4 or shape[3] is None:
+            raise ValueError(
+                f"{name} expects images of rank 4 (batch, height, width, channels) with a "
+                f"known channel count. Received: images.shape={tuple(shape)}"
+            )
+        if channels is not None and shape[3] != channels:
+            raise ValueError(
+                f"{name} expects images with {channels} channels. "
+                f"Received: images.shape={tuple(shape)}"
+            )
+        for size, patch in zip(shape[1:3], self.patch_size):
+            if size is not None and (size < patch or size % patch):
+                raise ValueError(
+                    f"{name}: the image size must be a positive multiple of the patch size. "
+                    f"Received: image size=({shape[1]}, {shape[2]}), "
+                    f"patch_size={tuple(self.patch_size)}"
+                )
+
     def call(self, images):
         shape = images.shape
-        check_image_shape(self.__class__.__name__, shape, self.patch_size, self.num_channels)
-        if (shape[1] // self.patch_size[0], shape[2] // self.patch_size[1]) != self.grid_size:
-            raise ValueError(
-                f"{self.__class__.__name__} was built for a {self.grid_size} grid of patches "
-                f"(images of {self.grid_size[0] * self.patch_size[0]}x"
-                f"{self.grid_size[1] * self.patch_size[1]}). Received: images.shape={tuple(shape)}. "
-                "Build a model at the new size and load the weights into it "
-                "(keras_vit.load_weights resizes the position embedding)."
-            )
+        if self.dynamic:
+            self._check_any_size(shape, self.num_channels)
+        else:
+            check_image_shape(self.__class__.__name__, shape, self.patch_size, self.num_channels)
+            if (shape[1] // self.patch_size[0], shape[2] // self.patch_size[1]) != self.grid_size:
+                raise ValueError(
+                    f"{self.__class__.__name__} was built for a {self.grid_size} grid of "
+                    f"patches (images of {self.grid_size[0] * self.patch_size[0]}x"
+                    f"{self.grid_size[1] * self.patch_size[1]}). "
+                    f"Received: images.shape={tuple(shape)}. "
+                    "Build a model at the new size and load the weights into it "
+                    "(keras_vit.load_weights resizes the position embedding), or build it "
+                    "with dynamic_image_size=True."
+                )
         x = ops.conv(images, self.kernel, strides=self.patch_size, padding="valid")
-        x = ops.reshape(x, (-1, self.grid_size[0] * self.grid_size[1], self.hidden_dim))
+        if self.dynamic:
+            grid = _grid_of(x, images, self.patch_size)
+            x = ops.reshape(x, (-1, grid[0] * grid[1], self.hidden_dim))
+        else:
+            grid = self.grid_size
+            x = ops.reshape(x, (-1, grid[0] * grid[1], self.hidden_dim))
         x = x + self.bias
         if self.class_token:
             cls = ops.tile(ops.cast(self.cls_token, x.dtype), (ops.shape(x)[0], 1, 1))
             x = ops.concatenate([cls, x], axis=1)
-        return x + ops.cast(self.position_embedding, x.dtype)
+        return x + ops.cast(self.position_embedding_for(grid), x.dtype)
+
+    def position_embedding_for(self, grid):
+        """The (1, tokens, D) position embedding for a grid of (rows, columns) patches.
+
+        The learned one for the layer's own grid; for another grid (a dynamic
+        layer), its grid part resized bicubically with antialiasing, in float32,
+        as timm's `resample_abs_pos_embed` (it matches timm to ~1e-6).
+        """
+        if all(isinstance(n, int) for n in grid) and tuple(grid) == tuple(self.grid_size):
+            return self.position_embedding
+        prefix = self.num_prefix_tokens
+        embedding = ops.cast(self.position_embedding, "float32")
+        patches = ops.reshape(embedding[:, prefix:], (1, *self.grid_size, self.hidden_dim))
+        if all(isinstance(n, int) for n in grid):
+            patches = ops.image.resize(
+                patches, grid, interpolation="bicubic", antialias=True, data_format="channels_last"
+            )
+        else:  # a TensorFlow graph traced for any size: the same resize, with a tensor size
+            import tensorflow as tf
+
+            patches = tf.image.resize(patches, tf.stack(grid), method="bicubic", antialias=True)
+        patches = ops.reshape(patches, (1, -1, self.hidden_dim))
+        return ops.concatenate([embedding[:, :prefix], patches], axis=1)
 
     def compute_output_shape(self, input_shape):
+        if input_shape[1] is None or input_shape[2] is None:
+            return (input_shape[0], None, self.hidden_dim)
         grid = (input_shape[1] // self.patch_size[0]) * (input_shape[2] // self.patch_size[1])
         return (input_shape[0], grid + self.num_prefix_tokens, self.hidden_dim)
 
@@ -102,4 +173,25 @@ class PatchEncoder(keras.layers.Layer):
             "patch_size": self.patch_size,
             "hidden_dim": self.hidden_dim,
             "class_token": self.class_token,
+            "grid_size": self.grid_size if self.dynamic else None,
         }
+
+
+def _grid_of(patches, images, patch_size):
+    """(rows, columns) of a convolved patch map: Python ints where the shape is known."""
+    rows, columns = patches.shape[1], patches.shape[2]
+    if rows is not None and columns is not None:
+        return (rows, columns)
+    shape = ops.shape(patches)
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        # A graph traced for any size: images that do not tile fail here, not silently.
+        image_shape = tf.shape(images)
+        tf.debugging.assert_equal(
+            [image_shape[1] % patch_size[0], image_shape[2] % patch_size[1]],
+            [0, 0],
+            message=f"PatchEncoder: the image size must be a multiple of the patch size "
+            f"{tuple(patch_size)}",
+        )
+    return (shape[1], shape[2])
