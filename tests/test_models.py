@@ -298,11 +298,17 @@ def test_dynamic_image_size_takes_any_size_and_saves(tmp_path, tiny_config, imag
     loaded = keras.models.load_model(path, safe_mode=True)
     assert loaded.input_shape == (None, None, None, 3)
     np.testing.assert_allclose(to_numpy(loaded(other)), outputs, rtol=1e-5, atol=1e-6)
-    # Training on batches of two sizes, through Keras' compiled train function.
+    # Training on batches of two sizes, through Keras' compiled train function,
+    # without and with XLA.
     labels = keras.utils.to_categorical([0, 1], tiny_config["num_classes"])
-    dynamic.compile(optimizer=keras.optimizers.SGD(0.01), loss="categorical_crossentropy")
-    for batch in (images, other, images):
-        assert np.isfinite(dynamic.train_on_batch(batch, labels))
+    for jit_compile in (False, True):
+        dynamic.compile(
+            optimizer=keras.optimizers.SGD(0.01),
+            loss="categorical_crossentropy",
+            jit_compile=jit_compile,
+        )
+        for batch in (images, other, images):
+            assert np.isfinite(dynamic.train_on_batch(batch, labels))
 
 
 def test_preprocess_inputs_maps_uint8_to_unit_range():

@@ -313,3 +313,11 @@ def test_runner_compiles_keras_vit_with_compile_models_plan(monkeypatch, avx512)
     assert "graph-mode training, graph-mode inference" in plain.description
     assert plain.description.endswith("remat of every block")
     assert plain.model.jit_compile is False
+
+
+def test_dynamic_size_benchmark_refuses_bad_arguments(capsys):
+    script = load_benchmark_script("dynamic_size")
+    for argv in (["--rounds", "0"], ["--image-size", "64"]):
+        with pytest.raises(SystemExit):
+            script.main(argv)
+        assert "--rounds must be positive and --image-size at least 80" in capsys.readouterr().err

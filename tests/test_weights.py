@@ -274,9 +274,13 @@ def test_dynamic_image_size_matches_timm_dynamic_img_size():
     for size in sizes:
         inputs, logits = golden[f"inputs_{size}"], golden[f"logits_{size}"]
         assert max_diff(predict(model, inputs), logits) <= TOLERANCE, size
-        # Keras' compiled predict function: on TensorFlow, after the second size its
-        # trace has unknown image sizes, and the resize takes the size as a tensor.
-        assert max_diff(model.predict(inputs, verbose=0), logits) <= TOLERANCE, size
+    # Keras' compiled predict function, without and with XLA: on TensorFlow its
+    # trace has unknown image sizes, and the resize weights are built in the graph.
+    for jit_compile in (False, True):
+        model.compile(jit_compile=jit_compile)
+        for size in sizes:
+            inputs, logits = golden[f"inputs_{size}"], golden[f"logits_{size}"]
+            assert max_diff(model.predict(inputs, verbose=0), logits) <= TOLERANCE, size
 
 
 def test_resize_half_pixel_matches_timm_resample():

@@ -1,6 +1,7 @@
 """Patch embedding: linear projection, class token and position embedding."""
 
 import keras
+import numpy as np
 from keras import ops
 
 from keras_vit.layers._checks import as_pair, positive_int
@@ -143,21 +144,18 @@ class PatchEncoder(keras.layers.Layer):
 
         The learned one for the layer's own grid; for another grid (a dynamic
         layer), its grid part resized bicubically with antialiasing, in float32,
-        as timm's `resample_abs_pos_embed` (it matches timm to ~1e-6).
+        as timm's `resample_abs_pos_embed` (it matches timm to ~1e-6). The
+        resize is two small matrix products, so it also runs inside XLA, where
+        TensorFlow's own antialiased resize does not.
         """
         if all(isinstance(n, int) for n in grid) and tuple(grid) == tuple(self.grid_size):
             return self.position_embedding
         prefix = self.num_prefix_tokens
         embedding = ops.cast(self.position_embedding, "float32")
-        patches = ops.reshape(embedding[:, prefix:], (1, *self.grid_size, self.hidden_dim))
-        if all(isinstance(n, int) for n in grid):
-            patches = ops.image.resize(
-                patches, grid, interpolation="bicubic", antialias=True, data_format="channels_last"
-            )
-        else:  # a TensorFlow graph traced for any size: the same resize, with a tensor size
-            import tensorflow as tf
-
-            patches = tf.image.resize(patches, tf.stack(grid), method="bicubic", antialias=True)
+        patches = ops.reshape(embedding[:, prefix:], (*self.grid_size, self.hidden_dim))
+        rows = resize_weights(self.grid_size[0], grid[0])
+        columns = resize_weights(self.grid_size[1], grid[1])
+        patches = ops.einsum("ih,jw,hwd->ijd", rows, columns, patches)
         patches = ops.reshape(patches, (1, -1, self.hidden_dim))
         return ops.concatenate([embedding[:, :prefix], patches], axis=1)
 
@@ -195,3 +193,30 @@ def _grid_of(patches, images, patch_size):
             f"{tuple(patch_size)}",
         )
     return (shape[1], shape[2])
+
+
+def resize_weights(source, target):
+    """The (target, source) matrix of a 1-D antialiased bicubic resize.
+
+    The weights of PyTorch's `F.interpolate(mode="bicubic", antialias=True)`
+    (Pillow's filter): output i samples the source at its centre
+    (i + 0.5) * source / target with the cubic kernel of a = -0.5, stretched
+    by the scale when shrinking, over the source positions only, and each
+    row is normalised to sum to 1. `target` may be a scalar tensor (a
+    TensorFlow graph traced for any size); the matrix is then built in the
+    graph, else in float64 NumPy.
+    """
+    if isinstance(target, int):
+        xp, dtype, scale = np, "float64", source / target
+    else:
+        xp, dtype = ops, "float32"
+        scale = ops.cast(source, "float32") / ops.cast(target, "float32")
+    stretch = xp.maximum(scale, 1.0)
+    centres = (xp.arange(target, dtype=dtype) + 0.5) * scale
+    x = xp.abs((xp.arange(source, dtype=dtype)[None, :] + 0.5 - centres[:, None]) / stretch)
+    a = -0.5
+    near = ((a + 2) * x - (a + 3)) * x * x + 1
+    far = (((x - 5) * x + 8) * x - 4) * a
+    weights = xp.where(x < 1, near, xp.where(x < 2, far, xp.zeros_like(x)))
+    weights = weights / xp.sum(weights, axis=1, keepdims=True)
+    return weights.astype("float32") if xp is np else weights
