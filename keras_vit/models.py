@@ -267,6 +267,35 @@ def VisionTransformer(
     return model
 
 
+def model_image_size(model):
+    """(height, width) of the images `model` was built for.
+
+    Its input's size; for a keras_vit model built with
+    `dynamic_image_size=True` (input height and width None), the size its
+    position embedding was learned at, where it computes what the fixed
+    model computes. ValueError for a model of unknown size that has no
+    PatchEncoder to tell it.
+    """
+    if not isinstance(model, keras.Model) or len(model.inputs) != 1:
+        raise ValueError(f"`model` must be a keras.Model with one input. Received: {model!r}")
+    height, width = tuple(model.inputs[0].shape)[1:3]
+    if height is not None and width is not None:
+        return (height, width)
+    encoders = [layer for layer in model._flatten_layers() if isinstance(layer, PatchEncoder)]
+    if len(encoders) != 1 or encoders[0].grid_size is None:
+        raise ValueError(
+            "`model` takes images of any size and has no single PatchEncoder to tell the size "
+            f"it was built for. Received: input shape {tuple(model.inputs[0].shape)}"
+        )
+    encoder = encoders[0]
+    size = [rows * patch for rows, patch in zip(encoder.grid_size, encoder.patch_size)]
+    stems = [layer for layer in model._flatten_layers() if isinstance(layer, ResNetStem)]
+    if stems:  # a hybrid: the encoder reads the ResNet's feature map
+        stride = 2 ** (2 + max(len(stems[0].layers) - 1, 0))
+        size = [side * stride for side in size]
+    return tuple(size)
+
+
 def _variant(
     variant_name, image_size, num_classes, weights, pooling, representation_size, **kwargs
 ):

@@ -19,6 +19,7 @@ import keras
 from keras_vit import _cpu
 from keras_vit.layers._checks import positive_int
 from keras_vit.layers.attention import runs_per_head
+from keras_vit.models import model_image_size
 from keras_vit.streams import configured_streams, make_without_xla, use_streams
 
 # Variables (by name) that get no weight decay.
@@ -386,7 +387,9 @@ def _prepare_multi_worker(model):
     import numpy as np
 
     strategy = model.distribute_strategy
-    inputs = np.zeros((1,) + tuple(model.inputs[0].shape[1:]), model.inputs[0].dtype)
+    # A model built with dynamic_image_size=True: a batch of the size it was built for.
+    shape = (1, *model_image_size(model), model.inputs[0].shape[-1])
+    inputs = np.zeros(shape, model.inputs[0].dtype)
     labels = np.zeros((1,) + tuple(model.outputs[0].shape[1:]), "float32")
     with strategy.scope():
         model._symbolic_build(data_batch=(inputs, labels))

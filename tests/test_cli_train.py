@@ -178,6 +178,35 @@ def test_train_writes_outputs_then_evaluate_and_predict(npz, tmp_path):
     assert "1. " in result.stdout and "2. " in result.stdout and "3. " not in result.stdout
 
 
+def test_evaluate_and_predict_a_model_of_any_image_size(npz, tmp_path, capsys):
+    """A model built with dynamic_image_size=True gets data at the size it was built for."""
+    from PIL import Image
+
+    import keras_vit
+    from keras_vit.cli import main
+    from keras_vit.commands.predict import predict_files
+
+    model = keras_vit.VisionTransformer(
+        image_size=16, patch_size=8, num_layers=1, num_heads=2, hidden_dim=16, mlp_dim=32,
+        num_classes=3, dynamic_image_size=True,
+    )  # fmt: skip
+    assert keras_vit.models.model_image_size(model) == (16, 16)
+    path = str(tmp_path / "dynamic.keras")
+    model.save(path)
+    assert main(["evaluate", "--model", path, "--data", npz]) == 0
+    assert "24 images: loss" in capsys.readouterr().out
+    image = tmp_path / "wide.png"
+    Image.fromarray(np.full((24, 40, 3), 200, np.uint8)).save(image)
+    assert main(["predict", str(image), "--model", path, "--top-k", "2"]) == 0
+    assert "2. " in capsys.readouterr().out
+    # The image was resized to 16 x 16, the size the model was built for.
+    expected = np.asarray(model(np.full((1, 16, 16, 3), 200 / 127.5 - 1, "float32")))
+    ((_, best),) = predict_files(model, [str(image)], top_k=3)
+    probabilities = np.exp(expected[0] - expected[0].max())
+    probabilities /= probabilities.sum()
+    np.testing.assert_allclose([p for _, p in sorted(best)], probabilities, rtol=1e-4)
+
+
 @pytest.mark.slow
 def test_main_job_digits_reaches_95_percent(tmp_path):
     out = str(tmp_path / "digits")

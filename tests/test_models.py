@@ -293,6 +293,10 @@ def test_dynamic_image_size_takes_any_size_and_saves(tmp_path, tiny_config, imag
     other = rng.uniform(-1, 1, (2, 48, 24, 3)).astype("float32")
     outputs = to_numpy(dynamic(other))
     assert outputs.shape == (2, tiny_config["num_classes"]) and np.isfinite(outputs).all()
+    assert keras_vit.models.model_image_size(dynamic) == (32, 32)  # the size it was built for
+    free = keras.Sequential([keras.Input((None, None, 3)), keras.layers.Conv2D(2, 3)])
+    with pytest.raises(ValueError, match="no single PatchEncoder"):
+        keras_vit.models.model_image_size(free)
     path = os.path.join(tmp_path, "dynamic.keras")
     dynamic.save(path)
     loaded = keras.models.load_model(path, safe_mode=True)

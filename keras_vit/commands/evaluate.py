@@ -24,11 +24,12 @@ def run(args):
     from keras_vit import data as data_module
     from keras_vit import training
     from keras_vit.export import load_trained
+    from keras_vit.models import model_image_size
 
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be positive. Received: {args.batch_size}")
     model, _ = load_trained(args.model)
-    image_size = model.inputs[0].shape[1]
+    image_size = model_image_size(model)[0]  # a dynamic model: the size it was built for
     data = data_module.load(
         args.data, image_size=image_size, seed=args.seed, skip_corrupt=args.skip_corrupt
     )

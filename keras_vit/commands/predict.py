@@ -18,7 +18,10 @@ def predict_files(model, paths, class_names=None, top_k=5):
     import numpy as np
     from PIL import Image
 
-    height, width, channels = model.inputs[0].shape[1:]
+    from keras_vit.models import model_image_size
+
+    # A model built with dynamic_image_size=True gets the size it was built for.
+    (height, width), channels = model_image_size(model), model.inputs[0].shape[-1]
     batch = []
     for path in paths:
         if not os.path.isfile(path):
