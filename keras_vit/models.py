@@ -291,7 +291,8 @@ def model_image_size(model):
     size = [rows * patch for rows, patch in zip(encoder.grid_size, encoder.patch_size)]
     stems = [layer for layer in model._flatten_layers() if isinstance(layer, ResNetStem)]
     if stems:  # a hybrid: the encoder reads the ResNet's feature map
-        stride = 2 ** (2 + max(len(stems[0].layers) - 1, 0))
+        probe = 1024  # a multiple of every stride the stem can have
+        stride = probe // feature_map_size((probe, probe), stems[0].layers)[0]
         size = [side * stride for side in size]
     return tuple(size)
 

@@ -387,9 +387,10 @@ def _prepare_multi_worker(model):
     import numpy as np
 
     strategy = model.distribute_strategy
-    # A model built with dynamic_image_size=True: a batch of the size it was built for.
-    shape = (1, *model_image_size(model), model.inputs[0].shape[-1])
-    inputs = np.zeros(shape, model.inputs[0].dtype)
+    shape = tuple(model.inputs[0].shape[1:])
+    if None in shape:  # built with dynamic_image_size=True: the size it was built for
+        shape = (*model_image_size(model), shape[-1])
+    inputs = np.zeros((1, *shape), model.inputs[0].dtype)
     labels = np.zeros((1,) + tuple(model.outputs[0].shape[1:]), "float32")
     with strategy.scope():
         model._symbolic_build(data_batch=(inputs, labels))

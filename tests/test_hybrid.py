@@ -722,3 +722,15 @@ def test_bad_layer_arguments():
         layers.ResNetStem(layers=(1,), width=0.1)
     with pytest.raises(ValueError, match=r"expects inputs of shape \(batch, height, width"):
         layers.ResNetStem(layers=())(np.zeros((2, 32, 3), "float32"))
+
+
+def test_a_hybrid_of_any_image_size_knows_its_own_and_matches_the_fixed_one():
+    fixed = keras_vit.VisionTransformer(**TINY_HYBRID)
+    dynamic = keras_vit.VisionTransformer(**TINY_HYBRID, dynamic_image_size=True)
+    assert dynamic.input_shape == (None, None, None, 3)
+    assert keras_vit.models.model_image_size(dynamic) == (32, 32)  # its ResNet's stride is 8
+    dynamic.set_weights(fixed.get_weights())
+    images = stem_images()
+    np.testing.assert_array_equal(to_numpy(dynamic(images)), to_numpy(fixed(images)))
+    wide = to_numpy(dynamic(stem_images((1, 32, 64, 3))))  # a 4 x 8 map of patches
+    assert wide.shape == (1, 10) and np.isfinite(wide).all()

@@ -127,12 +127,8 @@ class PatchEncoder(keras.layers.Layer):
                     "with dynamic_image_size=True."
                 )
         x = ops.conv(images, self.kernel, strides=self.patch_size, padding="valid")
-        if self.dynamic:
-            grid = _grid_of(x, images, self.patch_size)
-            x = ops.reshape(x, (-1, grid[0] * grid[1], self.hidden_dim))
-        else:
-            grid = self.grid_size
-            x = ops.reshape(x, (-1, grid[0] * grid[1], self.hidden_dim))
+        grid = _grid_of(x, images, self.patch_size) if self.dynamic else self.grid_size
+        x = ops.reshape(x, (-1, grid[0] * grid[1], self.hidden_dim))
         x = x + self.bias
         if self.class_token:
             cls = ops.tile(ops.cast(self.cls_token, x.dtype), (ops.shape(x)[0], 1, 1))
