@@ -64,10 +64,10 @@ class PatchEncoder(keras.layers.Layer):
         return 1 if self.class_token else 0
 
     def build(self, input_shape):
-        if self.dynamic:
-            self._check_any_size(input_shape)
-        else:
-            check_image_shape(self.__class__.__name__, input_shape, self.patch_size)
+        check_image_shape(
+            self.__class__.__name__, input_shape, self.patch_size, any_size=self.dynamic
+        )
+        if not self.dynamic:
             height, width = input_shape[1], input_shape[2]
             self.grid_size = (height // self.patch_size[0], width // self.patch_size[1])
         self.num_channels = input_shape[3]
@@ -89,43 +89,23 @@ class PatchEncoder(keras.layers.Layer):
         )
         self.built = True
 
-    def _check_any_size(self, shape, channels=None):
-        """A dynamic layer's check: rank 4, known channels, sizes (where known) tiling."""
-        name = self.__class__.__name__
-        if len(shape) != 4 or shape[3] is None:
-            raise ValueError(
-                f"{name} expects images of rank 4 (batch, height, width, channels) with a "
-                f"known channel count. Received: images.shape={tuple(shape)}"
-            )
-        if channels is not None and shape[3] != channels:
-            raise ValueError(
-                f"{name} expects images with {channels} channels. "
-                f"Received: images.shape={tuple(shape)}"
-            )
-        for size, patch in zip(shape[1:3], self.patch_size):
-            if size is not None and (size < patch or size % patch):
-                raise ValueError(
-                    f"{name}: the image size must be a positive multiple of the patch size. "
-                    f"Received: image size=({shape[1]}, {shape[2]}), "
-                    f"patch_size={tuple(self.patch_size)}"
-                )
-
     def call(self, images):
         shape = images.shape
-        if self.dynamic:
-            self._check_any_size(shape, self.num_channels)
-        else:
-            check_image_shape(self.__class__.__name__, shape, self.patch_size, self.num_channels)
-            if (shape[1] // self.patch_size[0], shape[2] // self.patch_size[1]) != self.grid_size:
-                raise ValueError(
-                    f"{self.__class__.__name__} was built for a {self.grid_size} grid of "
-                    f"patches (images of {self.grid_size[0] * self.patch_size[0]}x"
-                    f"{self.grid_size[1] * self.patch_size[1]}). "
-                    f"Received: images.shape={tuple(shape)}. "
-                    "Build a model at the new size and load the weights into it "
-                    "(keras_vit.load_weights resizes the position embedding), or build it "
-                    "with dynamic_image_size=True."
-                )
+        check_image_shape(
+            self.__class__.__name__, shape, self.patch_size, self.num_channels, self.dynamic
+        )
+        if not self.dynamic and (
+            (shape[1] // self.patch_size[0], shape[2] // self.patch_size[1]) != self.grid_size
+        ):
+            raise ValueError(
+                f"{self.__class__.__name__} was built for a {self.grid_size} grid of "
+                f"patches (images of {self.grid_size[0] * self.patch_size[0]}x"
+                f"{self.grid_size[1] * self.patch_size[1]}). "
+                f"Received: images.shape={tuple(shape)}. "
+                "Build a model at the new size and load the weights into it "
+                "(keras_vit.load_weights resizes the position embedding), or build it "
+                "with dynamic_image_size=True."
+            )
         x = ops.conv(images, self.kernel, strides=self.patch_size, padding="valid")
         grid = _grid_of(x, images, self.patch_size) if self.dynamic else self.grid_size
         x = ops.reshape(x, (-1, grid[0] * grid[1], self.hidden_dim))

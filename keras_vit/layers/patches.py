@@ -22,30 +22,34 @@ def extract_patches(images, patch_size):
     return ops.reshape(x, (-1, grid_h * grid_w, patch_h * patch_w * channels))
 
 
-def check_image_shape(layer_name, shape, patch_size, channels=None):
-    """Raise a ValueError unless `shape` is (batch, H, W, C) tiling by patches."""
+def check_image_shape(layer_name, shape, patch_size, channels=None, any_size=False):
+    """Raise a ValueError unless `shape` is (batch, H, W, C) tiling by patches.
+
+    With `any_size`, the height and width may be None (checked where known).
+    """
     if len(shape) != 4:
         raise ValueError(
             f"{layer_name} expects images of rank 4 (batch, height, width, "
             f"channels). Received: images.shape={tuple(shape)}"
         )
     height, width, num_channels = shape[1], shape[2], shape[3]
-    if height is None or width is None or num_channels is None:
+    if num_channels is None or (not any_size and (height is None or width is None)):
+        known = "channel count" if any_size else "height, width and channel count"
         raise ValueError(
-            f"{layer_name} needs a static height, width and channel count. "
-            f"Received: images.shape={tuple(shape)}"
+            f"{layer_name} needs a static {known}. Received: images.shape={tuple(shape)}"
         )
     if channels is not None and num_channels != channels:
         raise ValueError(
             f"{layer_name} expects images with {channels} channels. "
             f"Received: images.shape={tuple(shape)}"
         )
-    if height % patch_size[0] or width % patch_size[1]:
-        raise ValueError(
-            f"{layer_name}: the image size must be divisible by the patch size. "
-            f"Received: image size=({height}, {width}), "
-            f"patch_size={tuple(patch_size)}"
-        )
+    for size, patch in zip((height, width), patch_size):
+        if size is not None and (size < patch or size % patch):
+            raise ValueError(
+                f"{layer_name}: the image size must be a positive multiple of the patch size "
+                f"(divisible by it). Received: image size=({height}, {width}), "
+                f"patch_size={tuple(patch_size)}"
+            )
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
