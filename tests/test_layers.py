@@ -524,6 +524,23 @@ def test_gelu_gradient_matches_finite_differences(approximate):
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
 
 
+def test_exact_gelu_keeps_its_negative_tail_in_xla_and_in_bfloat16():
+    from keras_vit.layers.transformer import gelu
+
+    x = np.linspace(-8, 8, 321).astype("float32")
+    expected = np_gelu(x.astype("float64"))
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        compiled = tf.function(lambda v: gelu(v), jit_compile=True)(tf.constant(x)).numpy()
+        np.testing.assert_allclose(compiled, expected, rtol=1e-5, atol=2e-6)
+    # In bfloat16, 1 + erf(x / sqrt 2) cancels in the tail (-0.0059 for -0.0040
+    # at x = -3, 0 at x = -4); the layer keeps Keras' erfc form, within 5% there.
+    tail = keras.ops.convert_to_tensor(x[(x >= -4) & (x <= -2)], "bfloat16")
+    exact = np_gelu(to_numpy(keras.ops.cast(tail, "float32")).astype("float64"))
+    np.testing.assert_allclose(to_numpy(keras.ops.cast(gelu(tail), "float32")), exact, rtol=0.1)
+
+
 def test_mlp_bias_initialisation_is_tiny_normal():
     layer = layers.MLP(mlp_dim=4096)
     layer.build((None, 3, 1024))

@@ -24,12 +24,25 @@ def _gelu_derivative(x, approximate):
     return cdf + x * ops.exp(-0.5 * x * x) * (1.0 / math.sqrt(2.0 * math.pi))
 
 
+def _gelu_forward(x, approximate):
+    if approximate or keras.backend.standardize_dtype(x.dtype) != "float32":
+        return keras.activations.gelu(x, approximate=approximate)
+    # x * Phi(x) with Phi written through erf, the form PyTorch (and so timm)
+    # computes. TensorFlow's own exact GELU writes Phi through erfc, whose
+    # XLA lowering evaluates two approximations and selects one: twice the
+    # time of this form on a CPU (docs/performance.md). In bfloat16 or float16
+    # 1 + erf loses the negative tail, so those keep Keras' form.
+    return 0.5 * x * (1.0 + ops.erf(x * (1.0 / math.sqrt(2.0))))
+
+
 def gelu(x, approximate=False):
     """`keras.activations.gelu` whose backward pass keeps only its input.
 
-    The forward value is Keras' own. The derivative, Phi(x) + x phi(x) (or
-    that of the tanh form), is recomputed from `x` in the backward pass, in
-    float32, so training stores none of the forward's intermediate terms
+    The forward value is Keras' for the tanh form and, in float32,
+    0.5 x (1 + erf(x / sqrt 2)) for the exact one (`_gelu_forward`). The
+    derivative, Phi(x) + x phi(x) (or that of the tanh form), is recomputed
+    from `x` in the backward pass, in float32, so training stores none of the
+    forward's intermediate terms
     (automatic differentiation of the erf form keeps two more tensors of the
     MLP's width per block).
     """
@@ -42,7 +55,7 @@ def gelu(x, approximate=False):
             derivative = _gelu_derivative(ops.cast(x, "float32"), approximate)
             return upstream * ops.cast(derivative, upstream.dtype)
 
-        return keras.activations.gelu(x, approximate=approximate), grad
+        return _gelu_forward(x, approximate), grad
 
     return forward(x)
 
