@@ -36,7 +36,7 @@ from runner import ARCHITECTURES, KerasContender, build_keras_vit  # noqa: E402
 # Events that only wrap others (the executor's loop, a thread waiting).
 WRAPPERS = ("Execute", "Process", "Await", "wait for completion", "BlockUntilReady")
 # Operation kinds that are matrix products (TensorFlow kernels, XLA thunks).
-PRODUCTS = re.compile(r"^(_Mkl)?(Native)?(Fused)?(MatMul|Einsum|BatchMatMulV2|Conv2D)|^dot|^conv")
+PRODUCTS = re.compile(r"^_?(Mkl)?(Native)?(Fused)?(MatMul|Einsum|BatchMatMulV2|Conv2D)|^dot|^conv")
 # XLA's YNNPACK fusions hold products (most of them on JAX) and reductions.
 YNNPACK = "ynn_fusion"
 

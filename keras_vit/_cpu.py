@@ -53,17 +53,59 @@ def onednn_avx512():
     On such a CPU (a 2-core Xeon with AVX-512 and AMX here) ViT inference in
     graph mode, whose oneDNN kernels also fuse each product with its bias and
     GELU and the layer norm, is about 10% faster than XLA. On a CPU with AVX2
-    and no AVX-512 (a 2-core AMD EPYC here) oneDNN's two-thread products run
-    below XLA's, and XLA predicts ViT-S/16 and ViT-B/16 1.2-1.5x faster
-    (docs/performance.md, "Two CPUs"). False with oneDNN off
-    (`TF_ENABLE_ONEDNN_OPTS=0`) or capped below AVX-512 (`ONEDNN_MAX_CPU_ISA`).
+    and no AVX-512 (a 2-core AMD EPYC here, where TensorFlow leaves oneDNN
+    off) XLA predicts ViT-S/16 and ViT-B/16 1.2-1.5x faster than graph mode
+    (docs/performance.md, "Two CPUs"). False where TensorFlow runs without
+    oneDNN (`onednn_enabled`: its default on CPUs without VNNI or AMX, or
+    `TF_ENABLE_ONEDNN_OPTS=0`) or capped below AVX-512 (`ONEDNN_MAX_CPU_ISA`).
     """
     return _onednn_can_use({"avx512f"}, _ISAS_WITHOUT_AVX512)
 
 
+# The CPU features for which TensorFlow turns its oneDNN kernels on by default
+# (x86 builds since TensorFlow 2.9); elsewhere TF_ENABLE_ONEDNN_OPTS=1 turns them on.
+_ONEDNN_DEFAULT_FLAGS = {
+    "avx512_vnni",
+    "avx512_bf16",
+    "avx_vnni",
+    "amx_tile",
+    "amx_bf16",
+    "amx_int8",
+}
+
+
+def onednn_enabled():
+    """True when TensorFlow's graph-mode CPU kernels are oneDNN's in this process.
+
+    TensorFlow decides this when it loads: on by default on x86 CPUs with
+    AVX512_VNNI, AVX512_BF16, AVX-VNNI or AMX (most Xeons since Cascade Lake,
+    AMD from Zen 4), off on the others (an AMD EPYC with AVX2 here, a Xeon
+    with AVX-512 but no VNNI), and `TF_ENABLE_ONEDNN_OPTS` overrides it.
+    TensorFlow's own answer is used where it can be read; otherwise the same
+    rule from the environment and `/proc/cpuinfo`.
+    """
+    setting = os.environ.get("TF_ENABLE_ONEDNN_OPTS", "").strip().lower()
+    if setting in ("0", "false"):
+        return False
+    enabled = _tensorflow_onednn_enabled()
+    if enabled is None:
+        return setting in ("1", "true") or bool(cpu_flags() & _ONEDNN_DEFAULT_FLAGS)
+    return enabled
+
+
+def _tensorflow_onednn_enabled():
+    """TensorFlow's own `IsMklEnabled()`; None where its private module cannot be read."""
+    try:
+        from tensorflow.python.util import _pywrap_util_port
+
+        return bool(_pywrap_util_port.IsMklEnabled())
+    except (ImportError, AttributeError):
+        return None
+
+
 def _onednn_can_use(flags, isas_without):
     """True when oneDNN is on, not capped to one of `isas_without`, and the CPU has one of `flags`."""
-    if os.environ.get("TF_ENABLE_ONEDNN_OPTS", "1").strip().lower() in ("0", "false"):
+    if not onednn_enabled():
         return False
     if os.environ.get("ONEDNN_MAX_CPU_ISA", "").strip().upper() in isas_without:
         return False

@@ -290,9 +290,12 @@ def test_layer_norm_gradients_match_keras_layer(dtype):
 @pytest.mark.tensorflow_only
 @pytest.mark.parametrize("shape", [(2, 5, 24), (7, 24)])
 @pytest.mark.parametrize("jit_compile", [False, True])
-def test_layer_norm_fused_graph_matches_numpy_and_its_gradient(shape, jit_compile):
+def test_layer_norm_fused_graph_matches_numpy_and_its_gradient(monkeypatch, shape, jit_compile):
     import tensorflow as tf
 
+    from keras_vit import _cpu
+
+    monkeypatch.setattr(_cpu, "onednn_enabled", lambda: True)  # the form oneDNN fuses
     layer = _perturbed_layer_norm(shape[-1])
     x = tf.constant(_layer_norm_inputs(shape))
     weights = tf.constant(RNG.normal(0, 1, shape).astype("float32"))
@@ -318,6 +321,30 @@ def test_layer_norm_fused_graph_matches_numpy_and_its_gradient(shape, jit_compil
 
     assert "FusedBatchNormV3" in ops_of(False)
     assert "FusedBatchNormV3" not in ops_of(True)
+
+
+@pytest.mark.tensorflow_only
+@pytest.mark.parametrize(
+    "onednn, cpu_only, fused", [(True, True, True), (False, True, False), (False, False, True)]
+)
+def test_layer_norm_emits_the_batch_norm_form_only_where_it_is_fast(
+    monkeypatch, onednn, cpu_only, fused
+):
+    # Without oneDNN, on a CPU, Eigen's batch-norm kernel is ~3x slower than
+    # the plain normalization; a GPU or oneDNN gets the fused form.
+    import tensorflow as tf
+
+    from keras_vit import _cpu
+
+    monkeypatch.setattr(_cpu, "onednn_enabled", lambda: onednn)
+    monkeypatch.setattr(_cpu, "cpu_only_tensorflow", lambda: cpu_only)
+    layer = _perturbed_layer_norm(24)
+    x = tf.constant(_layer_norm_inputs((2, 5, 24)))
+    function = tf.function(lambda v: layer(v, training=False))
+    ops = {op.type for op in function.get_concrete_function(x).graph.get_operations()}
+    assert ("FusedBatchNormV3" in ops) is fused
+    expected = np_layer_norm(x.numpy(), layer.gamma.numpy(), layer.beta.numpy())
+    np.testing.assert_allclose(function(x).numpy(), expected, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.tensorflow_only

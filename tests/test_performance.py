@@ -121,6 +121,7 @@ def test_profile_step_groups_operations_by_kind():
     assert kind("ThunkExecutor::Execute") == "ThunkExecutor::Execute"
     assert profile.is_product("_MklNativeFusedMatMul") and profile.is_product("dot")
     assert profile.is_product("_MklBatchMatMulV2") and not profile.is_product("ynn_fusion")
+    assert profile.is_product("_FusedMatMul")  # graph mode without oneDNN (Eigen)
     assert profile.category("ynn_fusion").startswith("YNNPACK")
     assert not profile.is_product("add_multiply_fusion") and not profile.is_product("_MklSoftmax")
     events = [

@@ -1,6 +1,7 @@
 """The training recipe: schedule, optimizer, weight-decay exclusions, strategies."""
 
 import math
+import os
 import warnings
 
 import keras
@@ -189,11 +190,48 @@ def test_compile_model_auto_trains_long_sequences_in_graph_mode(
     assert training.plan_xla(short) == (True, not avx512)
 
 
+def test_onednn_enabled_asks_tensorflow_and_honours_the_setting(monkeypatch):
+    import subprocess
+    import sys
+
+    from keras_vit import _cpu
+
+    # TensorFlow's own answer, read in a fresh process where the setting turns oneDNN on.
+    script = "from keras_vit import _cpu; print(_cpu._tensorflow_onednn_enabled())"
+    environment = {**os.environ, "TF_ENABLE_ONEDNN_OPTS": "1"}
+    result = subprocess.run(
+        [sys.executable, "-c", script], env=environment, capture_output=True, text=True, check=True
+    )
+    assert result.stdout.split()[-1] == "True"
+
+    monkeypatch.delenv("TF_ENABLE_ONEDNN_OPTS", raising=False)
+    for answer in (True, False):
+        monkeypatch.setattr(_cpu, "_tensorflow_onednn_enabled", lambda answer=answer: answer)
+        assert _cpu.onednn_enabled() is answer
+    monkeypatch.setattr(_cpu, "_tensorflow_onednn_enabled", lambda: True)
+    monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "0")
+    assert _cpu.onednn_enabled() is False
+    # Where TensorFlow's answer cannot be read: its default rule.
+    monkeypatch.setattr(_cpu, "_tensorflow_onednn_enabled", lambda: None)
+    monkeypatch.delenv("TF_ENABLE_ONEDNN_OPTS")
+    for flags, expected in [
+        ({"avx2", "avx512f", "avx512_vnni"}, True),  # Xeon from Cascade Lake
+        ({"avx2", "avx_vnni"}, True),
+        ({"avx2", "avx512f"}, False),  # Skylake-SP: AVX-512 without VNNI
+        ({"avx2", "fma"}, False),  # AMD EPYC before Zen 4
+    ]:
+        monkeypatch.setattr(_cpu, "cpu_flags", lambda flags=flags: flags)
+        assert _cpu.onednn_enabled() is expected
+    monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "1")
+    assert _cpu.onednn_enabled() is True
+
+
 def test_onednn_avx512_reads_the_cpu_flags_and_onednn_settings(monkeypatch):
     from keras_vit import _cpu
 
     monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
     monkeypatch.delenv("TF_ENABLE_ONEDNN_OPTS", raising=False)
+    monkeypatch.setattr(_cpu, "_tensorflow_onednn_enabled", lambda: True)
     for flags, expected in [
         ({"avx2", "avx512f", "avx512bw"}, True),
         ({"avx2", "fma"}, False),  # e.g. AMD EPYC before Zen 4
@@ -208,6 +246,10 @@ def test_onednn_avx512_reads_the_cpu_flags_and_onednn_settings(monkeypatch):
     assert _cpu.onednn_avx512() is True
     monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "false")
     assert _cpu.onednn_avx512() is False
+    # AVX-512 without oneDNN (TensorFlow's default where the CPU lacks VNNI): no.
+    monkeypatch.delenv("TF_ENABLE_ONEDNN_OPTS")
+    monkeypatch.setattr(_cpu, "_tensorflow_onednn_enabled", lambda: False)
+    assert _cpu.onednn_avx512() is False
 
 
 def test_native_bfloat16_reads_the_cpu_flags_and_onednn_settings(tmp_path, monkeypatch):
@@ -220,6 +262,7 @@ def test_native_bfloat16_reads_the_cpu_flags_and_onednn_settings(tmp_path, monke
 
     monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
     monkeypatch.delenv("TF_ENABLE_ONEDNN_OPTS", raising=False)
+    monkeypatch.setattr(_cpu, "_tensorflow_onednn_enabled", lambda: True)
     for flags, native in [
         ({"avx512f", "avx512_bf16"}, True),
         ({"amx_bf16"}, True),

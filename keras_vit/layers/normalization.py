@@ -4,6 +4,8 @@ and a hand-written backward pass."""
 import keras
 from keras import ops
 
+from keras_vit import _cpu
+
 
 def _fused_tensorflow_layer_norm(inputs, gamma, beta, epsilon):
     """Layer normalization over the last axis, written as the one subgraph
@@ -12,8 +14,9 @@ def _fused_tensorflow_layer_norm(inputs, gamma, beta, epsilon):
     (1, rows, width, 1), a training-mode `FusedBatchNormV3` in NCHW with unit
     scale and zero offset, reshape back, then `* gamma + beta`.
 
-    Elsewhere (GPU, XLA, oneDNN off) the same graph still computes a layer
-    normalization, through the batch-norm kernel.
+    Elsewhere (GPU, XLA) the same graph still computes a layer normalization,
+    through the batch-norm kernel. `LayerNorm` does not emit it on a CPU-only
+    TensorFlow without oneDNN, where Eigen's batch-norm kernel is the slow one.
     """
     import tensorflow as tf
 
@@ -91,9 +94,12 @@ class LayerNorm(keras.layers.LayerNormalization):
     `rms_scaling`, a float16/bfloat16/float32 input):
 
     - inside a TensorFlow graph (`predict`, `evaluate`, a SavedModel) and not
-      training, it emits the subgraph that TensorFlow's oneDNN build fuses
-      into one layer-norm kernel: about 4x faster than the eight separate ops
-      of Keras' version at ViT-S/16 shapes on a CPU (2-D and 3-D inputs);
+      training, where TensorFlow runs oneDNN's CPU kernels (or a GPU is
+      visible), it emits the subgraph that oneDNN fuses into one layer-norm
+      kernel: about 4x faster than the eight separate ops of Keras' version
+      at ViT-S/16 shapes on a CPU (2-D and 3-D inputs). The choice is made
+      when the graph is traced, so a SavedModel keeps the form of the
+      machine that exported it;
     - everywhere else it computes the same normalization with a hand-written
       backward pass (`_layer_norm_last_axis`), which trains faster under XLA
       and on JAX.
@@ -133,4 +139,9 @@ class LayerNorm(keras.layers.LayerNormalization):
             return False
         import tensorflow as tf
 
-        return tf.inside_function()
+        if not tf.inside_function():
+            return False
+        # Without oneDNN (TensorFlow's default on CPUs without VNNI or AMX) the
+        # batch-norm form runs on Eigen's batch-norm kernel, about 3x slower
+        # than the plain normalization (docs/performance.md).
+        return _cpu.onednn_enabled() or not _cpu.cpu_only_tensorflow()
