@@ -13,6 +13,7 @@ from keras import ops
 
 from keras_vit.layers import PatchEncoder, TransformerBlock
 from keras_vit.layers.patches import PatchGrid
+from keras_vit.models import model_image_size
 
 HEAD_FUSIONS = ("mean", "max", "min")
 
@@ -46,20 +47,49 @@ def _model_input(model):
     return model.inputs[0] if len(model.inputs) == 1 else model.inputs
 
 
+def _stride(model):
+    """Input pixels per patch-grid step, (rows, columns): the patch size (hybrids:
+    times the stem's stride)."""
+    grid = patch_encoder(model).grid_size
+    steps = [side / cells for side, cells in zip(model_image_size(model), grid)]
+    # Whole pixels except for a hybrid whose size is not a multiple of its stride.
+    return tuple(int(step) if step.is_integer() else step for step in steps)
+
+
+def _image_grid(model, image_shape):
+    """The patch grid a batch of `image_shape` (batch, H, W, C) gives in `model`.
+
+    A model of a fixed size takes only its own size. A model built with
+    `dynamic_image_size=True` takes any height and width that are positive
+    multiples of its stride.
+    """
+    expected = tuple(model.input_shape[1:])
+    shape = tuple(image_shape)
+    if None not in expected:
+        if len(shape) != 4 or shape[1:] != expected:
+            raise ValueError(
+                f"`images` must be a batch of shape (batch, {', '.join(map(str, expected))}), "
+                f"preprocessed to [-1, 1]. Received: images.shape={shape}"
+            )
+        return tuple(patch_encoder(model).grid_size)
+    stride = _stride(model)
+    if (
+        len(shape) != 4
+        or shape[3] != expected[2]
+        or any(side < step or side % step for side, step in zip(shape[1:3], stride))
+    ):
+        raise ValueError(
+            "`images` must be a batch of shape (batch, height, width, "
+            f"{expected[2]}) whose height and width are positive multiples of {stride} "
+            "(this model takes any such size), preprocessed to [-1, 1]. "
+            f"Received: images.shape={shape}"
+        )
+    return tuple(side // step for side, step in zip(shape[1:3], stride))
+
+
 def _check_images(model, images):
     images = np.asarray(images) if not hasattr(images, "shape") else images
-    expected = tuple(model.input_shape[1:])
-    if None in expected:
-        raise ValueError(
-            "Attention maps need a model of a fixed image size; this one takes any size "
-            f"(input shape {tuple(model.input_shape)}). Build the same model without "
-            "dynamic_image_size and copy the weights: fixed.set_weights(model.get_weights())."
-        )
-    if len(images.shape) != 4 or tuple(images.shape[1:]) != expected:
-        raise ValueError(
-            f"`images` must be a batch of shape (batch, {', '.join(map(str, expected))}), "
-            f"preprocessed to [-1, 1]. Received: images.shape={tuple(images.shape)}"
-        )
+    _image_grid(model, images.shape)
     return ops.convert_to_tensor(images, dtype="float32")
 
 
@@ -74,7 +104,9 @@ def attention_maps(model, images, batch_size=32):
     Args:
         model: a ViT built by keras_vit.
         images: (batch, height, width, channels) images in [-1, 1], at the
-            model's input size.
+            model's input size; for a model built with
+            `dynamic_image_size=True`, at any size it takes (sides multiple
+            of the patch size), all images of one call at the same size.
         batch_size: images per forward pass.
 
     Returns:
@@ -110,7 +142,17 @@ def attention_maps(model, images, batch_size=32):
 
 def _grid_and_prefix(num_tokens, grid_size):
     if isinstance(grid_size, keras.Model):
-        grid_size = patch_encoder(grid_size).grid_size
+        encoder = patch_encoder(grid_size)
+        dynamic = None in tuple(grid_size.input_shape[1:3])
+        cells = encoder.grid_size[0] * encoder.grid_size[1]
+        if dynamic and num_tokens != encoder.num_prefix_tokens + cells:
+            stride = _stride(grid_size)
+            raise ValueError(
+                f"The maps have {num_tokens} tokens and `grid_size` is a model that takes "
+                "images of any size, so the grid cannot be read from it: pass "
+                f"grid_size=(height // {stride[0]}, width // {stride[1]}) of the images."
+            )
+        grid_size = encoder.grid_size
     if grid_size is not None:
         try:
             grid_h, grid_w = (int(g) for g in grid_size)
@@ -155,7 +197,8 @@ def attention_rollout(maps, discard_ratio=0.0, head_fusion="mean", grid_size=Non
         discard_ratio: fraction in [0, 1) of the weights of each map to drop.
         head_fusion: "mean", "max" or "min" over the heads.
         grid_size: (h, w) of the patch grid, or the keras_vit model the maps
-            come from; None infers a square grid from the token count (a
+            come from (for a `dynamic_image_size` model, only at the size it
+            was built for); None infers a square grid from the token count (a
             class token is assumed when the count is a square plus one).
             Pass it for non-square grids.
 
@@ -248,7 +291,8 @@ def feature_extractor(model, layers=None, patch_grid=False, name=None):
         patch_grid: False for the (batch, tokens, D) token sequence; True for
             the patch tokens only (class token dropped) as a
             (batch, h, w, D) grid, the input detection and segmentation heads
-            expect.
+            expect. Only for a model of a fixed image size: a
+            `dynamic_image_size` model's grid changes with its input.
         name: name of the new model.
 
     Returns:
@@ -282,6 +326,13 @@ def feature_extractor(model, layers=None, patch_grid=False, name=None):
     ]
     if patch_grid:
         encoder = patch_encoder(model)
+        if None in tuple(model.input_shape[1:3]):
+            raise ValueError(
+                "`patch_grid=True` needs a model of a fixed image size: this one takes any "
+                "size, so its grid changes with the input. Use patch_grid=False and reshape "
+                "the patch tokens (after the class token) to (batch, height // "
+                f"{_stride(model)[0]}, width // {_stride(model)[1]}, D)."
+            )
         grid = PatchGrid(encoder.grid_size, encoder.num_prefix_tokens, name=None)
         outputs = [grid(x) for x in outputs]
     return keras.Model(
@@ -305,14 +356,32 @@ def mean_attention_distance(model, images, maps=None):
     Args:
         model: a ViT built by keras_vit.
         images: (batch, height, width, channels) images in [-1, 1]; unused
-            when `maps` is given.
+            when `maps` is given, except to tell the grid of a model built
+            with `dynamic_image_size=True`.
         maps: the `attention_maps` of `model` for the images, to reuse.
 
     Returns:
         A (layers, heads) float32 array.
     """
     encoder = patch_encoder(model)
-    grid_h, grid_w = encoder.grid_size
+    stride_h, stride_w = _stride(model)
+    if None in tuple(model.input_shape[1:3]) and images is not None:
+        grid_h, grid_w = _image_grid(model, np.shape(images))
+    elif None in tuple(model.input_shape[1:3]):
+        # No images: a square grid, from the token count.
+        cells = (
+            np.shape(maps[0])[-1] - encoder.num_prefix_tokens
+            if maps is not None and len(maps)
+            else 0
+        )
+        grid_h = grid_w = math.isqrt(max(cells, 0))
+        if cells < 1 or grid_h * grid_w != cells:
+            raise ValueError(
+                "This model takes images of any size: pass `images` (their size gives the "
+                "grid) with `maps` that are not of a square grid."
+            )
+    else:
+        grid_h, grid_w = encoder.grid_size
     if maps is None:
         maps = attention_maps(model, images)
     prefix = encoder.num_prefix_tokens
@@ -324,10 +393,8 @@ def mean_attention_distance(model, images, maps=None):
             f"Received shapes: {shapes}"
         )
     # Pixel size of one patch step on the input image (hybrids: the stem's stride).
-    pixels_h = model.input_shape[1] / grid_h
-    pixels_w = model.input_shape[2] / grid_w
     rows, cols = np.meshgrid(np.arange(grid_h), np.arange(grid_w), indexing="ij")
-    centres = np.stack([rows.ravel() * pixels_h, cols.ravel() * pixels_w], axis=-1)
+    centres = np.stack([rows.ravel() * stride_h, cols.ravel() * stride_w], axis=-1)
     distance = np.linalg.norm(centres[:, None] - centres[None], axis=-1)
     result = []
     for layer_maps in maps:

@@ -734,3 +734,9 @@ def test_a_hybrid_of_any_image_size_knows_its_own_and_matches_the_fixed_one():
     np.testing.assert_array_equal(to_numpy(dynamic(images)), to_numpy(fixed(images)))
     wide = to_numpy(dynamic(stem_images((1, 32, 64, 3))))  # a 4 x 8 map of patches
     assert wide.shape == (1, 10) and np.isfinite(wide).all()
+    # Inspected at that size: 1 + 32 tokens; a grid step is 8 pixels of the image.
+    maps = keras_vit.attention_maps(dynamic, stem_images((1, 32, 64, 3)))
+    assert maps[0].shape == (1, TINY_HYBRID["num_heads"], 33, 33)
+    assert keras_vit.attention_rollout(maps, grid_size=(4, 8)).shape == (1, 4, 8)
+    with pytest.raises(ValueError, match=r"positive multiples of \(8, 8\)"):
+        keras_vit.attention_maps(dynamic, stem_images((1, 32, 60, 3)))

@@ -14,11 +14,12 @@ import keras_vit
 RNG = np.random.default_rng(7)
 
 
-def np_forward(model, images):
+def np_forward(model, images, position_embedding=None):
     """Token outputs and attention weights of each block, in NumPy alone.
 
     `images` are the inputs of the patch encoder: the images themselves, or
-    for a hybrid the stem's feature map.
+    for a hybrid the stem's feature map. `position_embedding` replaces the
+    model's (a dynamic model at another size uses a resized one).
     """
     weights = {v.path: keras.ops.convert_to_numpy(v).astype("float64") for v in model.weights}
 
@@ -35,7 +36,7 @@ def np_forward(model, images):
     encoder = model.get_layer("patch_encoder")
     if encoder.class_token:
         x = np.concatenate([np.repeat(get("patch_encoder/class_token"), batch, 0), x], 1)
-    x = x + get("position_embedding")
+    x = x + (get("position_embedding") if position_embedding is None else position_embedding)
     outputs, maps = [], []
     for i in range(len([layer for layer in model.layers if "transformer_block" in layer.name])):
         block = model.get_layer(f"transformer_block_{i}")
@@ -159,8 +160,53 @@ def test_bad_inputs_get_clear_errors(tiny_config, images):
     with pytest.raises(ValueError, match="discard_ratio"):
         keras_vit.attention_rollout(maps, discard_ratio=1.0)
     dynamic = keras_vit.VisionTransformer(**tiny_config, dynamic_image_size=True)
-    with pytest.raises(ValueError, match=r"fixed image size.*set_weights"):
-        keras_vit.attention_maps(dynamic, images)
+    with pytest.raises(ValueError, match=r"positive multiples of \(8, 8\).*\(2, 30, 32, 3\)"):
+        keras_vit.attention_maps(dynamic, np.zeros((2, 30, 32, 3)))
+    with pytest.raises(ValueError, match=r"\(batch, height, width, 3\)"):
+        keras_vit.attention_maps(dynamic, np.zeros((2, 32, 32, 4)))
+    with pytest.raises(ValueError, match=r"patch_grid=True.*width // 8"):
+        keras_vit.feature_extractor(dynamic, patch_grid=True)
+
+
+def test_inspection_of_a_dynamic_model_at_other_sizes(tiny_config, images):
+    dynamic = perturbed_model(tiny_config, dynamic_image_size=True)
+    wide = RNG.uniform(-1, 1, (2, 24, 40, 3)).astype("float32")  # a 3 x 5 grid of patches
+    embedding = keras.ops.convert_to_numpy(
+        dynamic.get_layer("patch_encoder").position_embedding_for((3, 5))
+    ).astype("float64")
+    expected_outputs, expected_maps = np_forward(dynamic, wide.astype("float64"), embedding)
+    maps = keras_vit.attention_maps(dynamic, wide, batch_size=1)
+    assert [m.shape for m in maps] == [(2, 2, 16, 16)] * 3
+    for got, want in zip(maps, expected_maps):
+        np.testing.assert_allclose(got, want, atol=2e-5)
+    features = keras_vit.feature_extractor(dynamic, layers=-1)(wide)
+    np.testing.assert_allclose(
+        keras.ops.convert_to_numpy(features), expected_outputs[-1], atol=5e-5
+    )
+    # At its own size it is the fixed model.
+    fixed = keras_vit.VisionTransformer(**{**tiny_config, "num_layers": 3})
+    fixed.set_weights(dynamic.get_weights())
+    for got, want in zip(
+        keras_vit.attention_maps(dynamic, images), keras_vit.attention_maps(fixed, images)
+    ):
+        np.testing.assert_allclose(got, want, atol=1e-6)
+    assert keras_vit.attention_rollout(maps, grid_size=(3, 5)).shape == (2, 3, 5)
+    with pytest.raises(ValueError, match=r"grid_size=\(height // 8, width // 8\)"):
+        keras_vit.attention_rollout(maps, grid_size=dynamic)
+    own_size = keras_vit.attention_maps(dynamic, images)
+    assert keras_vit.attention_rollout(own_size, grid_size=dynamic).shape == (2, 4, 4)
+    # Uniform attention over a 3 x 5 grid of 8-pixel patches: the mean pairwise distance.
+    uniform = np.full((1, 2, 16, 16), 1 / 16)
+    centres = np.stack(np.meshgrid(np.arange(3), np.arange(5), indexing="ij"), -1).reshape(-1, 2)
+    distance = np.linalg.norm(centres[:, None] - centres[None], axis=-1).mean() * 8
+    np.testing.assert_allclose(
+        keras_vit.mean_attention_distance(dynamic, wide, maps=[uniform]), distance, rtol=1e-5
+    )
+    assert keras_vit.mean_attention_distance(dynamic, wide).shape == (3, 2)
+    square = keras_vit.mean_attention_distance(dynamic, None, maps=own_size)
+    np.testing.assert_allclose(square, keras_vit.mean_attention_distance(fixed, images), rtol=1e-5)
+    with pytest.raises(ValueError, match="pass `images`"):
+        keras_vit.mean_attention_distance(dynamic, None, maps=[uniform])
 
 
 def test_mean_attention_distance_of_local_and_uniform_attention(tiny_config, images):

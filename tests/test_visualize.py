@@ -143,6 +143,24 @@ def test_explain_in_process(tmp_path, capsys, tiny_config):
     assert decoded_size(os.path.join(out, "x_attention.png")) == (70, 50)
     assert decoded_size(os.path.join(out, "x_1_attention.png")) == (32, 32)  # same stem
     assert min(decoded_size(os.path.join(out, "x_explain.png"))) > 150
+    # A model that takes any size explains at the size it was built for, as the fixed one.
+    dynamic = keras_vit.VisionTransformer(
+        **{**tiny_config, "pooling": "gap", "classifier_activation": "softmax"},
+        dynamic_image_size=True,
+    )
+    dynamic.set_weights(model.get_weights())
+    save_run_folder(os.path.join(tmp_path, "dynamic"), dynamic, [f"class{i}" for i in range(10)])
+    dynamic_out = os.path.join(tmp_path, "dynamic_out")
+    argv = [
+        "explain", first, "--model", os.path.join(tmp_path, "dynamic"),
+        "--output", dynamic_out, "--top-k", "4",
+    ]  # fmt: skip
+    assert cli_main(argv) == 0
+    assert line in capsys.readouterr().out.splitlines()
+    np.testing.assert_array_equal(
+        np.asarray(Image.open(os.path.join(dynamic_out, "x_attention.png"))),
+        np.asarray(Image.open(os.path.join(out, "x_attention.png"))),
+    )
     assert cli_main(["explain", first, "--model", run, "--output", out, "--top-k", "0"]) == 2
     assert cli_main(["explain", first, "--model", first, "--output", out]) == 2
     assert "--top-k must be a positive integer" in capsys.readouterr().err

@@ -78,13 +78,15 @@ def run(args):
 
     from keras_vit.export import load_trained
     from keras_vit.inspection import attention_maps, attention_rollout
+    from keras_vit.models import model_image_size
     from keras_vit.preprocessing import preprocess_inputs
     from keras_vit.visualize import attention_overlay, plot_attention
 
     if args.top_k < 1:
         raise UsageError(f"--top-k must be a positive integer. Received: {args.top_k}")
     model, class_names = load_trained(args.model)
-    size, channels = tuple(model.input_shape[1:3]), model.input_shape[3]
+    # A model built with dynamic_image_size=True explains at the size it was built for.
+    size, channels = model_image_size(model), model.input_shape[3]
     originals = [load_image(path) for path in args.images]
     images = np.stack([resize(image, size) for image in originals])
     if channels == 1:  # a grayscale model: ITU-R 601 luma, as PIL's "L" mode
