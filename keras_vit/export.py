@@ -69,19 +69,39 @@ def _check_model(model):
             f"Received: a model with {len(model.inputs)} inputs"
         )
     shape = tuple(model.inputs[0].shape)
-    if len(shape) != 4 or any(size is None for size in shape[1:]):
+    if len(shape) != 4 or shape[3] is None:
         raise ValueError(
-            "`model` must take images of a fixed size (batch, height, width, channels); "
-            "for a keras_vit model built with dynamic_image_size=True, build the same model "
-            "without it and copy the weights: fixed.set_weights(model.get_weights()). "
-            f"Received: a model with input shape {shape}"
+            "`model` must take images (batch, height, width, channels) with a known "
+            f"channel count. Received: a model with input shape {shape}"
         )
     if len(model.outputs) != 1 or len(model.outputs[0].shape) != 2:
         raise ValueError(
             "`model` must have one output of shape (batch, classes or features). "
             f"Received: outputs of shapes {[tuple(o.shape) for o in model.outputs]}"
         )
+    if shape[1] is None or shape[2] is None:
+        # A keras_vit model built with dynamic_image_size=True: its own size.
+        from keras_vit.models import model_image_size
+
+        try:
+            return (*model_image_size(model), shape[3])
+        except ValueError:
+            raise ValueError(
+                "`model` must take images of a fixed size (batch, height, width, channels), "
+                "or be a keras_vit model built with dynamic_image_size=True. "
+                f"Received: a model with input shape {shape}"
+            ) from None
     return shape[1:]
+
+
+def _any_size(model):
+    """None for a model of a fixed size; for one that takes any size, the
+    (rows, columns) its images' sides must be multiples of."""
+    if None not in tuple(model.inputs[0].shape)[1:3]:
+        return None
+    from keras_vit.models import _grid_stride
+
+    return _grid_stride(model)
 
 
 def _output_layer(model):
@@ -202,12 +222,13 @@ def resize_and_scale(images, image_size):
     return images / 127.5 - 1.0
 
 
-def _checked(images, height, width, channels):
+def _checked(images, height, width, channels, multiple_of=None):
     """`images` behind run-time checks of its shape, with readable messages.
 
     The signatures' TensorSpecs reject a wrong dtype or channel count when
     the loaded function is called from Python, but a call through
     `loaded.signatures[...]` (or TF Serving) checks the dtype only.
+    `multiple_of`: (rows, columns) the height and width must be multiples of.
     """
     tf = _tf()
     shape = tf.shape(images)
@@ -221,6 +242,14 @@ def _checked(images, height, width, channels):
             shape[1] * shape[2], message="`images` must have a non-zero height and width"
         ),
     ]
+    if multiple_of is not None:
+        checks.append(
+            tf.debugging.assert_equal(
+                shape[1:3] % tf.constant(multiple_of),
+                tf.zeros([2], tf.int32),
+                message=f"`images` height and width must be multiples of {tuple(multiple_of)}",
+            )
+        )
     if height is not None:
         checks.append(
             tf.debugging.assert_equal(
@@ -271,11 +300,18 @@ def _saved_model_archive(model, preprocessing, class_names, top_k):
     tf = _tf()
     height, width, channels = _check_model(model)
     outputs = _Outputs(model, top_k, class_names)
-    float_spec = tf.TensorSpec([None, height, width, channels], tf.float32, name="images")
-    uint8_spec = tf.TensorSpec([None, None, None, channels], tf.uint8, name="images")
+    stride = _any_size(model)
+    if stride is None:
+        float_spec = tf.TensorSpec([None, height, width, channels], tf.float32, name="images")
+    else:  # a dynamic_image_size model: float images of any size it takes
+        float_spec = tf.TensorSpec([None, None, None, channels], tf.float32, name="images")
 
     def serve_float(images):
-        return outputs(_checked(images, height, width, channels))
+        if stride is None:
+            return outputs(_checked(images, height, width, channels))
+        return outputs(_checked(images, None, None, channels, multiple_of=stride))
+
+    uint8_spec = tf.TensorSpec([None, None, None, channels], tf.uint8, name="images")
 
     def serve_uint8(images):
         images = _checked(images, None, None, channels)
@@ -300,13 +336,17 @@ def export_saved_model(model, path, preprocessing=True, class_names=None, top_k=
       channels], resized and scaled inside (`preprocessing=True`); with
       `preprocessing=False` it is the float signature.
     - `serving_float`: float32 images at the model's size, scaled to [-1, 1].
+      For a keras_vit model built with `dynamic_image_size=True`: any height
+      and width that are multiples of its patch size (the uint8 signature
+      resizes to the size it was built for).
 
     Outputs are float32 whatever the model's dtype policy (mixed precision
     included). A model built under a `tf.distribute` strategy exports as is.
 
     Args:
-        model: a `keras.Model` taking NHWC images of a fixed size, with one
-            (batch, classes) output (or (batch, features) for num_classes=0).
+        model: a `keras.Model` taking NHWC images of a fixed size (or a
+            keras_vit `dynamic_image_size` model), with one (batch, classes)
+            output (or (batch, features) for num_classes=0).
         path: the SavedModel directory to write.
         preprocessing: whether `serving_default` takes uint8 images of any
             size (True) or float images ready for the model (False).
@@ -341,7 +381,8 @@ def export_tflite(model, path, quantization=None):
     """Writes `model` as a TFLite flat buffer.
 
     The TFLite model takes float32 images [batch, height, width, channels] at
-    the model's size, scaled to [-1, 1] (`keras_vit.preprocess_inputs`), and
+    the model's size (for a `dynamic_image_size` model, the size it was built
+    for), scaled to [-1, 1] (`keras_vit.preprocess_inputs`), and
     its `serving_default` signature returns `logits` and `probabilities` (as
     in `export_saved_model`; `features` for a model without a head). The
     batch dimension is dynamic (use `interpreter.resize_tensor_input`).

@@ -13,7 +13,7 @@ from keras import ops
 
 from keras_vit.layers import PatchEncoder, TransformerBlock
 from keras_vit.layers.patches import PatchGrid
-from keras_vit.models import model_image_size
+from keras_vit.models import _grid_stride
 
 HEAD_FUSIONS = ("mean", "max", "min")
 
@@ -48,12 +48,9 @@ def _model_input(model):
 
 
 def _stride(model):
-    """Input pixels per patch-grid step, (rows, columns): the patch size (hybrids:
-    times the stem's stride)."""
-    grid = patch_encoder(model).grid_size
-    steps = [side / cells for side, cells in zip(model_image_size(model), grid)]
-    # Whole pixels except for a hybrid whose size is not a multiple of its stride.
-    return tuple(int(step) if step.is_integer() else step for step in steps)
+    """Input pixels per patch-grid step, (rows, columns)."""
+    patch_encoder(model)  # the clear error for a model that is not a ViT
+    return _grid_stride(model)
 
 
 def _image_grid(model, image_shape):

@@ -297,6 +297,17 @@ def model_image_size(model):
     return tuple(size)
 
 
+def _grid_stride(model):
+    """Input pixels per step of `model`'s patch grid, (rows, columns): the patch
+    size, times the ResNet stem's stride for a hybrid. Whole pixels except for
+    a hybrid whose size is not a multiple of its stride."""
+    encoders = [layer for layer in model._flatten_layers() if isinstance(layer, PatchEncoder)]
+    if len(encoders) != 1 or encoders[0].grid_size is None:
+        raise ValueError(f"`model` must have one PatchEncoder. Received: model {model.name!r}")
+    steps = [side / cells for side, cells in zip(model_image_size(model), encoders[0].grid_size)]
+    return tuple(int(step) if step.is_integer() else step for step in steps)
+
+
 def _variant(
     variant_name, image_size, num_classes, weights, pooling, representation_size, **kwargs
 ):

@@ -21,7 +21,7 @@ import pytest
 import keras_vit
 from keras_vit import export_saved_model, export_tflite
 from keras_vit.cli import main as cli_main
-from keras_vit.export import load_trained
+from keras_vit.export import load_trained, resize_and_scale
 
 pytestmark = pytest.mark.tensorflow_only
 
@@ -325,13 +325,41 @@ def test_export_time_validation(tiny_config, tmp_path):
     free_size = keras.Model(*_free_size_model())
     with pytest.raises(ValueError, match="images of a fixed size"):
         export_saved_model(free_size, path)
-    dynamic = keras_vit.VisionTransformer(**tiny_config, dynamic_image_size=True)
-    with pytest.raises(ValueError, match="images of a fixed size"):
-        export_saved_model(dynamic, path)
+    with pytest.raises(ValueError, match="dynamic_image_size=True"):
+        export_saved_model(free_size, path)
     features = tiny_model(tiny_config, num_classes=0)
     with pytest.raises(ValueError, match="`class_names` needs a model with a classification head"):
         export_saved_model(features, path, class_names=CLASS_NAMES)
     assert not os.path.exists(path)
+
+
+def test_a_dynamic_model_serves_float_images_of_any_size_it_takes(tiny_config, tmp_path):
+    dynamic = tiny_model(tiny_config, dynamic_image_size=True)
+    path = export_saved_model(dynamic, str(tmp_path / "sm"), class_names=CLASS_NAMES)
+    loaded = _load(path)
+    rng = np.random.default_rng(3)
+    for height, width in [(32, 32), (24, 40), (8, 16)]:
+        images = rng.uniform(-1, 1, (2, height, width, 3)).astype("float32")
+        outputs = loaded.signatures["serving_float"](images=tf.constant(images))
+        expected = keras.ops.convert_to_numpy(dynamic(images))
+        np.testing.assert_allclose(outputs["logits"], expected, rtol=1e-5, atol=1e-5)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"multiples of \(8, 8\)"):
+        loaded.signatures["serving_float"](images=tf.zeros((1, 30, 32, 3)))
+    # uint8 images of any size are resized to the size the model was built for.
+    photos = rng.integers(0, 256, (1, 50, 70, 3), dtype=np.uint8)
+    outputs = loaded.signatures["serving_default"](images=tf.constant(photos))
+    resized = keras.ops.convert_to_numpy(resize_and_scale(photos, (32, 32)))
+    expected = keras.ops.convert_to_numpy(dynamic(resized))
+    np.testing.assert_allclose(outputs["logits"], expected, rtol=1e-5, atol=1e-5)
+    # TFLite: at that size.
+    lite = export_tflite(dynamic, str(tmp_path / "m.tflite"))
+    images = rng.uniform(-1, 1, (1, 32, 32, 3)).astype("float32")
+    np.testing.assert_allclose(
+        _run_tflite(lite, images)["logits"],
+        keras.ops.convert_to_numpy(dynamic(images)),
+        rtol=0,
+        atol=TFLITE_TOLERANCE[None][0],
+    )
 
 
 def test_other_backend_gets_a_clear_error(tiny_config, tmp_path, monkeypatch):
