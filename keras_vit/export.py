@@ -79,10 +79,10 @@ def _check_model(model):
             "`model` must have one output of shape (batch, classes or features). "
             f"Received: outputs of shapes {[tuple(o.shape) for o in model.outputs]}"
         )
-    if shape[1] is None or shape[2] is None:
-        # A keras_vit model built with dynamic_image_size=True: its own size.
-        from keras_vit.models import model_image_size
+    from keras_vit.models import _takes_any_size, model_image_size
 
+    if _takes_any_size(model):
+        # A keras_vit model built with dynamic_image_size=True: its own size.
         try:
             return (*model_image_size(model), shape[3])
         except ValueError:
@@ -97,11 +97,9 @@ def _check_model(model):
 def _any_size(model):
     """None for a model of a fixed size; for one that takes any size, the
     (rows, columns) its images' sides must be multiples of."""
-    if None not in tuple(model.inputs[0].shape)[1:3]:
-        return None
-    from keras_vit.models import _grid_stride
+    from keras_vit.models import _grid_stride, _takes_any_size
 
-    return _grid_stride(model)
+    return _grid_stride(model) if _takes_any_size(model) else None
 
 
 def _output_layer(model):
@@ -300,16 +298,13 @@ def _saved_model_archive(model, preprocessing, class_names, top_k):
     tf = _tf()
     height, width, channels = _check_model(model)
     outputs = _Outputs(model, top_k, class_names)
+    # A dynamic_image_size model: float images of any size it takes.
     stride = _any_size(model)
-    if stride is None:
-        float_spec = tf.TensorSpec([None, height, width, channels], tf.float32, name="images")
-    else:  # a dynamic_image_size model: float images of any size it takes
-        float_spec = tf.TensorSpec([None, None, None, channels], tf.float32, name="images")
+    size = (height, width) if stride is None else (None, None)
+    float_spec = tf.TensorSpec([None, *size, channels], tf.float32, name="images")
 
     def serve_float(images):
-        if stride is None:
-            return outputs(_checked(images, height, width, channels))
-        return outputs(_checked(images, None, None, channels, multiple_of=stride))
+        return outputs(_checked(images, *size, channels, multiple_of=stride))
 
     uint8_spec = tf.TensorSpec([None, None, None, channels], tf.uint8, name="images")
 

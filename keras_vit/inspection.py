@@ -13,7 +13,7 @@ from keras import ops
 
 from keras_vit.layers import PatchEncoder, TransformerBlock
 from keras_vit.layers.patches import PatchGrid
-from keras_vit.models import _grid_stride
+from keras_vit.models import _grid_stride, _takes_any_size
 
 HEAD_FUSIONS = ("mean", "max", "min")
 
@@ -62,7 +62,7 @@ def _image_grid(model, image_shape):
     """
     expected = tuple(model.input_shape[1:])
     shape = tuple(image_shape)
-    if None not in expected:
+    if not _takes_any_size(model):
         if len(shape) != 4 or shape[1:] != expected:
             raise ValueError(
                 f"`images` must be a batch of shape (batch, {', '.join(map(str, expected))}), "
@@ -140,9 +140,8 @@ def attention_maps(model, images, batch_size=32):
 def _grid_and_prefix(num_tokens, grid_size):
     if isinstance(grid_size, keras.Model):
         encoder = patch_encoder(grid_size)
-        dynamic = None in tuple(grid_size.input_shape[1:3])
         cells = encoder.grid_size[0] * encoder.grid_size[1]
-        if dynamic and num_tokens != encoder.num_prefix_tokens + cells:
+        if _takes_any_size(grid_size) and num_tokens != encoder.num_prefix_tokens + cells:
             stride = _stride(grid_size)
             raise ValueError(
                 f"The maps have {num_tokens} tokens and `grid_size` is a model that takes "
@@ -323,12 +322,13 @@ def feature_extractor(model, layers=None, patch_grid=False, name=None):
     ]
     if patch_grid:
         encoder = patch_encoder(model)
-        if None in tuple(model.input_shape[1:3]):
+        if _takes_any_size(model):
+            rows, columns = _stride(model)
             raise ValueError(
                 "`patch_grid=True` needs a model of a fixed image size: this one takes any "
                 "size, so its grid changes with the input. Use patch_grid=False and reshape "
                 "the patch tokens (after the class token) to (batch, height // "
-                f"{_stride(model)[0]}, width // {_stride(model)[1]}, D)."
+                f"{rows}, width // {columns}, D)."
             )
         grid = PatchGrid(encoder.grid_size, encoder.num_prefix_tokens, name=None)
         outputs = [grid(x) for x in outputs]
@@ -362,9 +362,11 @@ def mean_attention_distance(model, images, maps=None):
     """
     encoder = patch_encoder(model)
     stride_h, stride_w = _stride(model)
-    if None in tuple(model.input_shape[1:3]) and images is not None:
+    if not _takes_any_size(model):
+        grid_h, grid_w = encoder.grid_size
+    elif images is not None:
         grid_h, grid_w = _image_grid(model, np.shape(images))
-    elif None in tuple(model.input_shape[1:3]):
+    else:
         # No images: a square grid, from the token count.
         cells = (
             np.shape(maps[0])[-1] - encoder.num_prefix_tokens
@@ -377,8 +379,6 @@ def mean_attention_distance(model, images, maps=None):
                 "This model takes images of any size: pass `images` (their size gives the "
                 "grid) with `maps` that are not of a square grid."
             )
-    else:
-        grid_h, grid_w = encoder.grid_size
     if maps is None:
         maps = attention_maps(model, images)
     prefix = encoder.num_prefix_tokens

@@ -278,33 +278,46 @@ def model_image_size(model):
     """
     if not isinstance(model, keras.Model) or len(model.inputs) != 1:
         raise ValueError(f"`model` must be a keras.Model with one input. Received: {model!r}")
-    height, width = tuple(model.inputs[0].shape)[1:3]
-    if height is not None and width is not None:
-        return (height, width)
-    encoders = [layer for layer in model._flatten_layers() if isinstance(layer, PatchEncoder)]
-    if len(encoders) != 1 or encoders[0].grid_size is None:
+    if not _takes_any_size(model):
+        return tuple(model.inputs[0].shape)[1:3]
+    found = _encoder_and_step(model)
+    if found is None:
         raise ValueError(
             "`model` takes images of any size and has no single PatchEncoder to tell the size "
             f"it was built for. Received: input shape {tuple(model.inputs[0].shape)}"
         )
-    encoder = encoders[0]
-    size = [rows * patch for rows, patch in zip(encoder.grid_size, encoder.patch_size)]
+    encoder, step = found
+    return tuple(cells * pixels for cells, pixels in zip(encoder.grid_size, step))
+
+
+def _takes_any_size(model):
+    """Whether `model`'s image input has an unknown height or width
+    (a keras_vit model built with `dynamic_image_size=True`)."""
+    return None in tuple(model.inputs[0].shape)[1:3]
+
+
+def _encoder_and_step(model):
+    """(`model`'s PatchEncoder, input pixels per patch: the patch size, times the
+    ResNet stem's stride for a hybrid); None without one built PatchEncoder."""
+    encoders = [layer for layer in model._flatten_layers() if isinstance(layer, PatchEncoder)]
+    if len(encoders) != 1 or encoders[0].grid_size is None:
+        return None
+    stride = 1
     stems = [layer for layer in model._flatten_layers() if isinstance(layer, ResNetStem)]
     if stems:  # a hybrid: the encoder reads the ResNet's feature map
         probe = 1024  # a multiple of every stride the stem can have
         stride = probe // feature_map_size((probe, probe), stems[0].layers)[0]
-        size = [side * stride for side in size]
-    return tuple(size)
+    return encoders[0], tuple(patch * stride for patch in encoders[0].patch_size)
 
 
 def _grid_stride(model):
     """Input pixels per step of `model`'s patch grid, (rows, columns): the patch
     size, times the ResNet stem's stride for a hybrid. Whole pixels except for
     a hybrid whose size is not a multiple of its stride."""
-    encoders = [layer for layer in model._flatten_layers() if isinstance(layer, PatchEncoder)]
-    if len(encoders) != 1 or encoders[0].grid_size is None:
+    found = _encoder_and_step(model)
+    if found is None:
         raise ValueError(f"`model` must have one PatchEncoder. Received: model {model.name!r}")
-    steps = [side / cells for side, cells in zip(model_image_size(model), encoders[0].grid_size)]
+    steps = [side / cells for side, cells in zip(model_image_size(model), found[0].grid_size)]
     return tuple(int(step) if step.is_integer() else step for step in steps)
 
 
