@@ -54,7 +54,8 @@ from runner import ARCHITECTURES, NUM_CLASSES  # noqa: E402
 CONTENDERS = {
     # As keras_vit.training.compile_model compiles by default: XLA for the train
     # step; on a machine without GPU/TPU, predict in graph mode where the CPU
-    # has AVX-512 and with XLA where it has not.
+    # has AVX-512 and with XLA where it has not, each batch then run as two
+    # XLA programs at once (one per half).
     "keras_vit": ("keras_vit", {"KERAS_BACKEND": "tensorflow"}, {"jit": "auto"}),
     "keras_vit[xla]": ("keras_vit", {"KERAS_BACKEND": "tensorflow"}, {"jit": "1"}),
     "keras_vit[jax]": ("keras_vit", {"KERAS_BACKEND": "jax"}, {"jit": "1"}),
@@ -63,6 +64,13 @@ CONTENDERS = {
         "keras_vit",
         {"KERAS_BACKEND": "tensorflow"},
         {"jit": "auto", "streams": "2"},
+    ),
+    # The default with every batch whole (streams=1): XLA inference as one
+    # program instead of two halves run at once.
+    "keras_vit[whole]": (
+        "keras_vit",
+        {"KERAS_BACKEND": "tensorflow"},
+        {"jit": "auto", "streams": "1"},
     ),
     # Streams whose predict and evaluate parts are XLA programs (training parts
     # run in graph mode either way).

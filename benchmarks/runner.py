@@ -102,8 +102,15 @@ def build_keras_vit(arch, image_size, options):
     jit = options.get("jit", "auto")
     jit_compile = {"0": False, "1": True}.get(jit, "auto")
     optimizer, loss = keras_loss_and_optimizer()
+    # streams="auto" (no streams option): the streams configured above, or,
+    # with none, inference in two parts where it runs as XLA programs;
+    # streams=1 keeps every batch whole.
     keras_vit.training.compile_fast(
-        model, optimizer, loss, jit_compile=jit_compile, streams=streams
+        model,
+        optimizer,
+        loss,
+        jit_compile=jit_compile,
+        streams=streams if "streams" in options else "auto",
     )
     train_xla, infer_xla = keras_vit.training.plan_xla(model, jit_compile, streams)
     description = (
@@ -113,6 +120,8 @@ def build_keras_vit(arch, image_size, options):
     )
     if streams > 1:
         description += f", {streams} CPU streams"
+    elif keras_vit.streams.parts(model)[1] > 1:
+        description += f", inference in {keras_vit.streams.parts(model)[1]} parts"
     if keras.backend.backend() == "tensorflow":
         # Importing keras_vit turns on TensorFlow's pooling CPU allocator
         # (keras_vit/_memory.py) unless TF_CPU_ALLOCATOR_USE_BFC says otherwise.

@@ -298,14 +298,15 @@ def test_runner_compiles_keras_vit_with_compile_models_plan(monkeypatch, avx512)
     arch = (16, 32, 64, 2, 2)  # patch, width, MLP width, heads, blocks
     contender = runner.KerasContender(runner.build_keras_vit, arch, 32, 2, {})
     model = contender.model
-    inference = "graph-mode" if avx512 else "XLA"
-    assert f"float32, XLA training, {inference} inference, pooled CPU memory" in (
-        contender.description
-    )
+    # XLA inference runs each batch as two XLA programs (halves) at once.
+    inference = "graph-mode inference" if avx512 else "XLA inference, inference in 2 parts"
+    assert f"float32, XLA training, {inference}, pooled CPU memory" in contender.description
     assert model.jit_compile is True and model.optimizer.built
-    # Graph-mode inference replaces the model's predict-function maker; XLA keeps Keras'.
-    assert ("make_predict_function" in vars(model)) is avx512
-    assert "make_train_function" not in vars(model)
+    # Both replace the model's predict-function maker (a graph-mode function
+    # that calls the halves' XLA programs), and keep the train step's.
+    assert "make_predict_function" in vars(model)
+    assert ("predict_step" in vars(model)) is not avx512
+    assert "make_train_function" not in vars(model) and "train_step" not in vars(model)
     slots = [id(v) for v in model.optimizer.variables]
     assert contender.infer().shape == (2, runner.NUM_CLASSES)
     assert np.isfinite(contender.train())
@@ -314,6 +315,9 @@ def test_runner_compiles_keras_vit_with_compile_models_plan(monkeypatch, avx512)
     assert "graph-mode training, graph-mode inference" in plain.description
     assert plain.description.endswith("remat of every block")
     assert plain.model.jit_compile is False
+    whole = runner.KerasContender(runner.build_keras_vit, arch, 32, 2, {"streams": "1"})
+    assert "inference in 2 parts" not in whole.description
+    assert "predict_step" not in vars(whole.model)
 
 
 def test_dynamic_size_benchmark_refuses_bad_arguments(capsys):

@@ -72,14 +72,18 @@ def test_streamed_fit_predict_evaluate_match_one_stream(tiny_config, jit_compile
     )
 
 
-def test_streamed_steps_really_cut_the_batch():
+def _batch_mixing_model():
     # A model whose output mixes the samples of its batch (the batch mean) shows
     # the parts: the one thing streams must not be used for.
     inputs = keras.Input((1,))
     outputs = keras.layers.Lambda(lambda t: t * 0 + keras.ops.mean(t, axis=0, keepdims=True))(
         inputs
     )
-    model = keras.Model(inputs, keras.layers.Dense(1, kernel_initializer="ones")(outputs))
+    return keras.Model(inputs, keras.layers.Dense(1, kernel_initializer="ones")(outputs))
+
+
+def test_streamed_steps_really_cut_the_batch():
+    model = _batch_mixing_model()
     model.compile(optimizer="sgd", loss="mse")
     x = np.array([[1.0], [2.0], [3.0], [4.0], [6.0]], "float32")
     np.testing.assert_allclose(model.predict(x, verbose=0)[:, 0], [3.2] * 5, rtol=1e-6)
@@ -161,6 +165,54 @@ def test_compile_model_uses_configured_streams_only_when_asked(tiny_config):
     x = _data(4)[0]
     y = keras.utils.to_categorical(_data(4)[1], 5)
     assert np.isfinite(model.fit(x, y, batch_size=4, verbose=0).history["loss"][0])
+
+
+def test_compile_fast_predicts_in_two_xla_parts_without_configured_streams(monkeypatch):
+    from keras_vit import _cpu
+
+    monkeypatch.setattr(_cpu, "cpu_only_tensorflow", lambda: True)
+    monkeypatch.setattr(_cpu, "onednn_avx512", lambda: False)  # XLA inference
+    x = np.array([[1.0], [2.0], [3.0], [4.0], [6.0]], "float32")
+    y = np.zeros((5, 1), "float32")
+    whole, cut = [3.2] * 5, [2, 2, 2, 5, 5]  # the batch mean, of all rows or of each part
+    model = _batch_mixing_model()
+    training.compile_fast(model, keras.optimizers.SGD(0.0), "mse")
+    assert streams.parts(model) == (1, streams.INFERENCE_PARTS) == (1, 2)
+    np.testing.assert_allclose(model.predict(x, verbose=0)[:, 0], cut, rtol=1e-6)
+    np.testing.assert_allclose(model.evaluate(x, y, verbose=0), np.mean(np.square(cut)), rtol=1e-6)
+    # The train step stays whole (one XLA program).
+    np.testing.assert_allclose(model.train_on_batch(x, y), 3.2**2, rtol=1e-6)
+    # Not cut: graph-mode inference, streams=1 asked for, jit_compile=False.
+    for patch, kwargs in ((True, {}), (False, {"streams": 1}), (False, {"jit_compile": False})):
+        monkeypatch.setattr(_cpu, "onednn_avx512", lambda patch=patch: patch)
+        training.compile_fast(model, keras.optimizers.SGD(0.0), "mse", **kwargs)
+        assert streams.parts(model) == (1, 1)
+        np.testing.assert_allclose(model.predict(x, verbose=0)[:, 0], whole, rtol=1e-6)
+    # An evaluation-only compile is cut too; a later compile with streams=2
+    # cuts training, and one with streams=1 undoes it (model.compile keeps them).
+    training.compile_fast(model, None, "mse")
+    assert streams.parts(model) == (1, 2)
+    training.compile_fast(model, keras.optimizers.SGD(0.0), "mse", streams=2)
+    assert streams.parts(model) == (2, 2)
+    training.compile_fast(model, keras.optimizers.SGD(0.0), "mse", streams=1)
+    assert streams.parts(model) == (1, 1)
+    assert "train_step" not in vars(model)
+    np.testing.assert_allclose(model.train_on_batch(x, y), 3.2**2, rtol=1e-6)
+
+
+def test_inference_parts_keep_the_train_steps_own_overrides(tiny_config):
+    model = _model(tiny_config, True)
+    training.training_without_xla(model)
+    own = vars(model)["make_train_function"]
+    streams.use_streams(model, 2, train=False)
+    assert vars(model)["make_train_function"] is own and "train_step" not in vars(model)
+    assert streams.parts(model) == (1, 2)
+    streams.use_streams(model, 1)
+    assert vars(model)["make_train_function"] is own
+    assert "make_predict_function" not in vars(model) and "predict_step" not in vars(model)
+    assert streams.parts(model) == (1, 1)
+    with pytest.raises(ValueError, match="Compile the model before"):
+        streams.use_streams(_batch_mixing_model(), 2, train=False)
 
 
 def _python(code):

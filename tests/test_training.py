@@ -121,6 +121,43 @@ def _xla_requests(monkeypatch, make_function):
     return requests
 
 
+def _inference_xla(monkeypatch, model, kind):
+    """Whether `model`'s predict or evaluate (`kind` "predict" or "test") runs XLA programs.
+
+    Builds the function and runs it on two images, noting the `jit_compile` of
+    each tf.function that is called (where batches run in parts, each part's
+    function is made while the step is traced; Keras' own layers make some
+    XLA functions they call only in some cases).
+    """
+    import tensorflow as tf
+
+    images = np.zeros((2, *model.input_shape[1:]), "float32")
+    called = []
+    original = tf.function
+
+    def spy(*args, **kwargs):
+        def noted(function):
+            def call(*call_args, **call_kwargs):
+                called.append(bool(kwargs.get("jit_compile")))
+                return function(*call_args, **call_kwargs)
+
+            return call
+
+        if not args:  # used as @tf.function(...)
+            return lambda fn: noted(original(fn, **kwargs))
+        return noted(original(*args, **kwargs))
+
+    monkeypatch.setattr(tf, "function", spy)
+    getattr(model, f"make_{kind}_function")(force=True)
+    if kind == "predict":
+        model.predict_on_batch(images)
+    else:
+        model.test_on_batch(images, np.zeros((2, *model.output_shape[1:]), "float32"))
+    monkeypatch.setattr(tf, "function", original)
+    getattr(model, f"make_{kind}_function")(force=True)  # without the spy's wrappers
+    return any(called)
+
+
 @pytest.mark.parametrize("avx512", [True, False])
 def test_compile_model_auto_predicts_in_graph_mode_on_avx512_cpus(tiny_config, monkeypatch, avx512):
     """AVX-512 (oneDNN's fast products): graph-mode inference; AVX2 only: XLA."""
@@ -132,17 +169,17 @@ def test_compile_model_auto_predicts_in_graph_mode_on_avx512_cpus(tiny_config, m
     training.compile_model(model, total_steps=10)
     assert model.jit_compile is True
     assert any(_xla_requests(monkeypatch, model.make_train_function))
-    assert any(_xla_requests(monkeypatch, model.make_predict_function)) is not avx512
-    assert any(_xla_requests(monkeypatch, model.make_test_function)) is not avx512
+    assert _inference_xla(monkeypatch, model, "predict") is not avx512
+    assert _inference_xla(monkeypatch, model, "test") is not avx512
     assert model.jit_compile is True
     # jit_compile=False leaves all three in graph mode, whatever the CPU.
     training.compile_model(model, total_steps=10, jit_compile=False)
     assert not any(_xla_requests(monkeypatch, model.make_train_function))
-    assert not any(_xla_requests(monkeypatch, model.make_predict_function))
+    assert not _inference_xla(monkeypatch, model, "predict")
     # jit_compile=True compiles inference too.
     training.compile_model(model, total_steps=10, jit_compile=True)
-    assert any(_xla_requests(monkeypatch, model.make_predict_function))
-    assert any(_xla_requests(monkeypatch, model.make_test_function))
+    assert _inference_xla(monkeypatch, model, "predict")
+    assert _inference_xla(monkeypatch, model, "test")
     # Both kinds of function still run and agree.
     size = tiny_config["image_size"]
     images = np.random.default_rng(0).uniform(-1, 1, (2, size, size, 3)).astype("float32")
@@ -172,7 +209,7 @@ def test_compile_model_auto_trains_long_sequences_in_graph_mode(
     assert training.plan_xla(model, jit_compile=True) == (True, True)
     training.compile_model(model, total_steps=10)
     assert not any(_xla_requests(monkeypatch, model.make_train_function))
-    assert any(_xla_requests(monkeypatch, model.make_predict_function)) is not avx512
+    assert _inference_xla(monkeypatch, model, "predict") is not avx512
     size = tiny_config["image_size"]
     images = np.random.default_rng(0).uniform(-1, 1, (2, size, size, 3)).astype("float32")
     labels = keras.utils.to_categorical([0, 1], tiny_config["num_classes"])
@@ -292,8 +329,8 @@ def test_compile_model_auto_runs_bfloat16_where_the_cpu_runs_it_fast(
     training.compile_model(model, total_steps=10)
     assert model.jit_compile is not native
     assert any(_xla_requests(monkeypatch, model.make_train_function)) is not native
-    assert any(_xla_requests(monkeypatch, model.make_predict_function)) is not native
-    assert any(_xla_requests(monkeypatch, model.make_test_function)) is not native
+    assert _inference_xla(monkeypatch, model, "predict") is not native
+    assert _inference_xla(monkeypatch, model, "test") is not native
     size = tiny_config["image_size"]
     images = np.random.default_rng(0).uniform(-1, 1, (2, size, size, 3)).astype("float32")
     labels = keras.utils.to_categorical([0, 1], tiny_config["num_classes"])
@@ -314,7 +351,7 @@ def test_compile_model_auto_runs_bfloat16_where_the_cpu_runs_it_fast(
     assert not any(_xla_requests(monkeypatch, float32.make_predict_function))
     training.compile_model(model, total_steps=10, jit_compile=True)
     assert model.jit_compile is True
-    assert any(_xla_requests(monkeypatch, model.make_predict_function))
+    assert _inference_xla(monkeypatch, model, "predict")
 
 
 @pytest.mark.parametrize("avx512", [True, False])
@@ -336,8 +373,8 @@ def test_compile_fast_gives_your_optimizer_and_loss_compile_models_plan(
     assert optimizer.built  # slots made now, not while the first step is traced
     # The same plan as compile_model: XLA training, XLA inference only below AVX-512.
     assert any(_xla_requests(monkeypatch, model.make_train_function))
-    assert any(_xla_requests(monkeypatch, model.make_predict_function)) is not avx512
-    assert any(_xla_requests(monkeypatch, model.make_test_function)) is not avx512
+    assert _inference_xla(monkeypatch, model, "predict") is not avx512
+    assert _inference_xla(monkeypatch, model, "test") is not avx512
     size = tiny_config["image_size"]
     rng = np.random.default_rng(0)
     images = rng.uniform(-1, 1, (4, size, size, 3)).astype("float32")
@@ -349,12 +386,12 @@ def test_compile_fast_gives_your_optimizer_and_loss_compile_models_plan(
     # Two streams: the batch runs as two parts, with the same outputs.
     whole = model.predict_on_batch(images)
     training.compile_fast(model, keras.optimizers.SGD(0.05), loss, jit_compile=False, streams=2)
-    assert not any(_xla_requests(monkeypatch, model.make_predict_function))
+    assert not _inference_xla(monkeypatch, model, "predict")
     np.testing.assert_allclose(model.predict_on_batch(images), whole, rtol=1e-4, atol=1e-5)
     # No optimizer: evaluation only, still with the plan's inference.
     training.compile_fast(model, None, loss, metrics=["accuracy"])
     assert model.optimizer is None
-    assert any(_xla_requests(monkeypatch, model.make_test_function)) is not avx512
+    assert _inference_xla(monkeypatch, model, "test") is not avx512
     assert np.isfinite(model.evaluate(images, labels, verbose=0)).all()
     with pytest.raises(ValueError, match="keras.Model"):
         training.compile_fast("model.keras", optimizer, loss)
