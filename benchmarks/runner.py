@@ -118,10 +118,11 @@ def build_keras_vit(arch, image_size, options):
         f"{'XLA' if train_xla else 'graph-mode'} training, "
         f"{'XLA' if infer_xla else 'graph-mode'} inference"
     )
+    inference_parts = keras_vit.streams.parts(model)[1]
     if streams > 1:
         description += f", {streams} CPU streams"
-    elif keras_vit.streams.parts(model)[1] > 1:
-        description += f", inference in {keras_vit.streams.parts(model)[1]} parts"
+    elif inference_parts > 1:
+        description += f", inference in {inference_parts} parts"
     if keras.backend.backend() == "tensorflow":
         # Importing keras_vit turns on TensorFlow's pooling CPU allocator
         # (keras_vit/_memory.py) unless TF_CPU_ALLOCATOR_USE_BFC says otherwise.

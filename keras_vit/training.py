@@ -185,11 +185,11 @@ def compile_fast(
     """
     if not isinstance(model, keras.Model):
         raise ValueError(f"`model` must be a keras.Model. Received: model={model!r}")
-    single = _cpu.cpu_only_tensorflow() and model.distribute_strategy.num_replicas_in_sync == 1
     if streams == "auto":
+        single = _cpu.cpu_only_tensorflow() and model.distribute_strategy.num_replicas_in_sync == 1
         streams = configured_streams() if single else 1
         # Without configured streams, XLA inference still runs in two parts.
-        inference_parts = INFERENCE_PARTS if single and streams == 1 else 1
+        inference_parts = INFERENCE_PARTS if single else 1
     else:
         streams = positive_int("streams", streams)
         inference_parts = 1
