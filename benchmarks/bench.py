@@ -66,7 +66,7 @@ CONTENDERS = {
         {"jit": "auto", "streams": "2"},
     ),
     # The default with every batch whole (streams=1): XLA inference as one
-    # program instead of two halves run at once.
+    # program instead of parts run two at once.
     "keras_vit[whole]": (
         "keras_vit",
         {"KERAS_BACKEND": "tensorflow"},

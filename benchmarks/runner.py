@@ -103,8 +103,8 @@ def build_keras_vit(arch, image_size, options):
     jit_compile = {"0": False, "1": True}.get(jit, "auto")
     optimizer, loss = keras_loss_and_optimizer()
     # streams="auto" (no streams option): the streams configured above, or,
-    # with none, inference in two parts where it runs as XLA programs;
-    # streams=1 keeps every batch whole.
+    # with none, inference in parts (at least two, of at most 1600 tokens)
+    # where it runs as XLA programs; streams=1 keeps every batch whole.
     keras_vit.training.compile_fast(
         model,
         optimizer,
@@ -123,6 +123,9 @@ def build_keras_vit(arch, image_size, options):
         description += f", {streams} CPU streams"
     elif inference_parts > 1:
         description += f", inference in {inference_parts} parts"
+        limit = keras_vit.streams.part_tokens(model)
+        if limit is not None:
+            description += f" or more, of at most {limit} tokens"
     if keras.backend.backend() == "tensorflow":
         # Importing keras_vit turns on TensorFlow's pooling CPU allocator
         # (keras_vit/_memory.py) unless TF_CPU_ALLOCATOR_USE_BFC says otherwise.

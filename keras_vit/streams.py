@@ -30,11 +30,15 @@ Two steps:
 
 Without `configure_cpu_streams`, `compile_model` and `compile_fast` still cut
 predict and evaluate batches in `INFERENCE_PARTS` parts where they predict with
-XLA on a CPU-only machine (`use_streams(model, 2, train=False)`): each part is
-one XLA program, and the executor runs the two programs at once, so one's
-single-threaded element-wise work overlaps the other's matrix products. On a
-2-core AMD EPYC this made ViT-S/16, ViT-B/16 and ViT-S/16 384 predict 1.06x,
-1.02x and 1.11x faster (docs/performance.md, "Inference in two XLA parts").
+XLA on a CPU-only machine (`use_streams(model, 2, train=False,
+part_tokens=INFERENCE_PART_TOKENS)`): each part is one XLA program, and the
+executor runs two programs at once, so one's single-threaded element-wise
+work overlaps the other's matrix products. On a 2-core AMD EPYC halves made
+ViT-S/16, ViT-B/16 and ViT-S/16 384 predict 1.06x, 1.02x and 1.11x faster.
+A batch of more tokens is cut in 4 or 8 parts, so that each part holds at
+most 1600 tokens and its activations stay closer to the cache: 1.03x faster
+again for ViT-S/16 384 at batch 8 (quarters), 1.06x for ViT-S/16 at batch 32
+(docs/performance.md, "Inference in two XLA parts").
 
 The results are the same as without streams up to float rounding: the loss is
 the part losses weighted by part size, and so are the gradients. Batches
@@ -56,9 +60,16 @@ _configured = {"streams": 1}
 _UNSTREAMED = "_keras_vit_unstreamed"
 # The model attribute holding (parts of a training batch, parts of an inference batch).
 _PARTS = "_keras_vit_parts"
+# The model attribute holding the most tokens of one inference part (None: no limit).
+_PART_TOKENS = "_keras_vit_part_tokens"
 # Parts of a predict or evaluate batch where inference runs as XLA programs on
-# a CPU-only machine without configured streams (compile_fast).
+# a CPU-only machine without configured streams (compile_fast): at least
+# INFERENCE_PARTS, and more (doubling) until each part holds at most
+# INFERENCE_PART_TOKENS tokens (images x tokens per image).
 INFERENCE_PARTS = 2
+INFERENCE_PART_TOKENS = 1600
+# The most parts a batch is cut into for a token limit.
+MAX_PARTS = 8
 
 
 def _available_cores():
@@ -144,11 +155,38 @@ def _run_streams(n, streams, single, streamed):
     return tf.cond(n >= streams, lambda: streamed(_part_sizes(n, streams)), single)
 
 
+def _part_counts(streams):
+    """The part counts a token limit picks from: streams, 2 x streams, ... up to MAX_PARTS."""
+    counts = [streams]
+    while counts[-1] * 2 <= MAX_PARTS:
+        counts.append(counts[-1] * 2)
+    return counts
+
+
+def _part_branch(n, counts, tokens, part_tokens):
+    """Which of `counts` cuts an `n`-row batch; 0 for none (the batch runs whole).
+
+    The smallest count (index + 1) whose parts hold at most `part_tokens`
+    tokens of `tokens` each per row, among the counts no larger than `n`; the
+    largest such count when none is small enough; 0 when `n` is below them all.
+    """
+    import tensorflow as tf
+
+    counts = tf.constant(counts, dtype=n.dtype)
+    fits = counts <= n  # a prefix: the counts grow
+    small = fits & (counts * part_tokens >= n * tokens)
+    return tf.where(
+        tf.reduce_any(small),
+        tf.cast(tf.argmax(tf.cast(small, "int32")), n.dtype) + 1,
+        tf.reduce_sum(tf.cast(fits, n.dtype)),
+    )
+
+
 def _forward(model, x, training):
     return model(x, training=training) if model._call_has_training_arg else model(x)
 
 
-def _make_steps(model, streams, train_jit, infer_jit):
+def _make_steps(model, streams, train_jit, infer_jit, tokens=None, part_tokens=None):
     import tensorflow as tf
     from keras.src.losses.loss import unscale_loss_for_distribution
     from keras.src.trainers.data_adapters.data_adapter_utils import unpack_x_y_sample_weight
@@ -156,12 +194,17 @@ def _make_steps(model, streams, train_jit, infer_jit):
     def predict_parts(x):
         forward = tf.function(lambda part: _forward(model, part, False), jit_compile=infer_jit)
         n = _batch_size(x)
-        return _run_streams(
-            n,
-            streams,
-            lambda: forward(x),
-            lambda sizes: _concat([forward(part) for part in _split(x, sizes, streams)]),
-        )
+
+        def streamed(count, sizes=None):
+            sizes = _part_sizes(n, count) if sizes is None else sizes
+            return _concat([forward(part) for part in _split(x, sizes, count)])
+
+        if part_tokens is None or tokens is None:
+            return _run_streams(n, streams, lambda: forward(x), lambda s: streamed(streams, s))
+        # More parts for larger batches: one branch per count; only the chosen one runs.
+        counts = _part_counts(streams)
+        branches = [lambda: forward(x)] + [lambda c=c: streamed(c) for c in counts]
+        return tf.switch_case(_part_branch(n, counts, tokens, part_tokens), branches)
 
     def predict_step(data):
         x, _, _ = unpack_x_y_sample_weight(data)
@@ -238,7 +281,7 @@ def _make_steps(model, streams, train_jit, infer_jit):
     return train_step, test_step, predict_step
 
 
-def use_streams(model, streams=None, infer_jit=None, train=True):
+def use_streams(model, streams=None, infer_jit=None, train=True, part_tokens=None):
     """Makes a compiled `model` cut each batch into `streams` parts run side by side.
 
     `streams` defaults to `configured_streams()`; 1 undoes it. Training
@@ -246,12 +289,18 @@ def use_streams(model, streams=None, infer_jit=None, train=True):
     optimizer update is an XLA program. `infer_jit` (default: the model's
     `jit_compile`) decides whether each predict and evaluate part is one.
     `train=False` cuts predict and evaluate batches only and leaves the train
-    step as the model compiled it (no optimizer needed). Call it again after
-    each `model.compile`.
+    step as the model compiled it (no optimizer needed). `part_tokens`, for
+    a keras_vit model of known size: predict and evaluate batches are cut in
+    more parts (`streams` times 2, 4, ..., up to `MAX_PARTS`) until each
+    part holds at most that many tokens (images x the model's tokens per
+    image); a batch too small for that many parts gets the most it has rows
+    for. Call it again after each `model.compile`.
     """
     if not isinstance(model, keras.Model):
         raise ValueError(f"`model` must be a keras.Model. Received: model={model!r}")
     streams = positive_int("streams", configured_streams() if streams is None else streams)
+    if part_tokens is not None:
+        part_tokens = positive_int("part_tokens", part_tokens)
     names = ("train_step", "test_step", "predict_step")
     makers = ("make_train_function", "make_test_function", "make_predict_function")
     # Back to the model as it was before streams, with its own overrides
@@ -261,6 +310,7 @@ def use_streams(model, streams=None, infer_jit=None, train=True):
         if value is not None:
             vars(model)[name] = value
     vars(model).pop(_PARTS, None)
+    vars(model).pop(_PART_TOKENS, None)
     model.train_function = model.test_function = model.predict_function = None
     if streams == 1:
         return model
@@ -284,14 +334,19 @@ def use_streams(model, streams=None, infer_jit=None, train=True):
             "Train in float32, or without streams.",
             stacklevel=2,
         )
+    from keras_vit.layers.attention import tokens_per_image
+
+    tokens = tokens_per_image(model) if part_tokens is not None else None
     train_jit = bool(model.jit_compile)
     infer_jit = train_jit if infer_jit is None else bool(infer_jit)
-    steps = _make_steps(model, streams, train_jit, infer_jit)
+    steps = _make_steps(model, streams, train_jit, infer_jit, tokens, part_tokens)
     if not train:  # predict and evaluate only
         names, makers, steps = names[1:], makers[1:], steps[1:]
     # What each replaced name was (None: the class's own), to undo it.
     vars(model)[_UNSTREAMED] = {n: vars(model).get(n) for n in names + makers}
     vars(model)[_PARTS] = (streams if train else 1, streams)
+    if tokens is not None:
+        vars(model)[_PART_TOKENS] = part_tokens
     for name, step in zip(names, steps):
         setattr(model, name, step)
     # The steps are graph-mode functions: the executor runs their parts side
@@ -305,9 +360,15 @@ def use_streams(model, streams=None, infer_jit=None, train=True):
 def parts(model):
     """(parts of a training batch, parts of a predict or evaluate batch) of `model`.
 
-    (1, 1) for a model that `use_streams` did not cut.
+    (1, 1) for a model that `use_streams` did not cut. With `part_tokens(model)`,
+    the second is the fewest parts of a predict or evaluate batch.
     """
     return vars(model).get(_PARTS, (1, 1))
+
+
+def part_tokens(model):
+    """The most tokens of one predict or evaluate part of `model`, or None for no limit."""
+    return vars(model).get(_PART_TOKENS)
 
 
 def make_without_xla(model, name):

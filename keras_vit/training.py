@@ -20,7 +20,13 @@ from keras_vit import _cpu
 from keras_vit.layers._checks import positive_int
 from keras_vit.layers.attention import runs_per_head
 from keras_vit.models import model_image_size
-from keras_vit.streams import INFERENCE_PARTS, configured_streams, make_without_xla, use_streams
+from keras_vit.streams import (
+    INFERENCE_PART_TOKENS,
+    INFERENCE_PARTS,
+    configured_streams,
+    make_without_xla,
+    use_streams,
+)
 
 # Variables (by name) that get no weight decay.
 NO_WEIGHT_DECAY = ("bias", "gamma", "beta", "position_embedding", "class_token")
@@ -147,8 +153,10 @@ def compile_model(
     `keras_vit.streams.configure_cpu_streams`, on a TensorFlow machine without
     GPU or TPU and one replica; an integer asks for that many
     (`keras_vit.streams.use_streams`). Where none were configured, "auto"
-    still cuts predict and evaluate batches in two parts when they run as XLA
-    programs: the executor runs the two programs at once, so one's
+    still cuts predict and evaluate batches in parts when they run as XLA
+    programs (two, or 4 or 8 so that each part holds at most
+    `keras_vit.streams.INFERENCE_PART_TOKENS` = 1600 tokens: 8 images at 224,
+    2 at 384): the executor runs two programs at once, so one's
     single-threaded element-wise work overlaps the other's matrix products
     (ViT-S/16, ViT-B/16 and ViT-S/16 384 predicted 1.06x, 1.02x and 1.11x
     faster on a 2-core AMD EPYC; docs/performance.md, "Inference in two XLA
@@ -188,7 +196,7 @@ def compile_fast(
     if streams == "auto":
         single = _cpu.cpu_only_tensorflow() and model.distribute_strategy.num_replicas_in_sync == 1
         streams = configured_streams() if single else 1
-        # Without configured streams, XLA inference still runs in two parts.
+        # Without configured streams, XLA inference still runs in parts.
         inference_parts = INFERENCE_PARTS if single else 1
     else:
         streams = positive_int("streams", streams)
@@ -211,7 +219,9 @@ def compile_fast(
     if streams != 1:
         use_streams(model, streams, infer_jit=infer_xla)
     elif infer_xla and inference_parts != 1:
-        use_streams(model, inference_parts, infer_jit=True, train=False)
+        use_streams(
+            model, inference_parts, infer_jit=True, train=False, part_tokens=INFERENCE_PART_TOKENS
+        )
     return model
 
 

@@ -298,8 +298,13 @@ def test_runner_compiles_keras_vit_with_compile_models_plan(monkeypatch, avx512)
     arch = (16, 32, 64, 2, 2)  # patch, width, MLP width, heads, blocks
     contender = runner.KerasContender(runner.build_keras_vit, arch, 32, 2, {})
     model = contender.model
-    # XLA inference runs each batch as two XLA programs (halves) at once.
-    inference = "graph-mode inference" if avx512 else "XLA inference, inference in 2 parts"
+    # XLA inference runs each batch as XLA programs on its parts (halves, or
+    # more for batches of more than 3200 tokens), two at once.
+    inference = (
+        "graph-mode inference"
+        if avx512
+        else "XLA inference, inference in 2 parts or more, of at most 1600 tokens"
+    )
     assert f"float32, XLA training, {inference}, pooled CPU memory" in contender.description
     assert model.jit_compile is True and model.optimizer.built
     # Both replace the model's predict-function maker (a graph-mode function

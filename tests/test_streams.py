@@ -200,6 +200,99 @@ def test_compile_fast_predicts_in_two_xla_parts_without_configured_streams(monke
     np.testing.assert_allclose(model.train_on_batch(x, y), 3.2**2, rtol=1e-6)
 
 
+def _batch_mixing_attention_model(tokens):
+    # The batch mean of each image's first value, with a keras_vit attention
+    # layer of `tokens` tokens in the model (its output is multiplied by 0).
+    from keras_vit.layers import MultiHeadSelfAttention
+
+    inputs = keras.Input((tokens, 2))
+    attended = MultiHeadSelfAttention(num_heads=1)(inputs)
+    first = keras.layers.Lambda(lambda t: t[:, 0, :1])(inputs)
+    mean = keras.layers.Lambda(lambda t: t * 0 + keras.ops.mean(t, axis=0, keepdims=True))(first)
+    ignored = keras.layers.Lambda(lambda t: 0 * t[:, 0, :1])(attended)
+    return keras.Model(inputs, keras.layers.Add()([mean, ignored]))
+
+
+def _part_means(rows, sizes):
+    values = np.arange(1.0, rows + 1)
+    cuts = np.cumsum([0, *sizes])
+    return np.concatenate([[values[a:b].mean()] * (b - a) for a, b in zip(cuts, cuts[1:])])
+
+
+@pytest.mark.parametrize(
+    "rows, sizes",
+    [
+        (1, [1]),  # fewer rows than 2 parts: whole
+        (3, [2, 1]),  # 12 tokens: 2 parts (the fewest), though a part then holds 8
+        (4, [2, 2]),  # 16 tokens: 2 parts of 8
+        (5, [2, 1, 1, 1]),  # 20 tokens: 4 parts
+        (8, [2, 2, 2, 2]),
+        (9, [2, 1, 1, 1, 1, 1, 1, 1]),  # 36 tokens: 8 parts (4 would hold 12 tokens)
+        (20, [3, 3, 3, 3, 2, 2, 2, 2]),  # 80 tokens: 8 parts, the most
+    ],
+)
+def test_part_tokens_cut_larger_batches_in_more_parts(rows, sizes):
+    from keras_vit.layers.attention import tokens_per_image
+
+    model = _batch_mixing_attention_model(tokens=4)
+    assert tokens_per_image(model) == 4
+    model.compile(loss="mse", jit_compile=False)
+    streams.use_streams(model, 2, train=False, part_tokens=8)  # at most 2 rows of 4 tokens
+    assert streams.parts(model) == (1, 2) and streams.part_tokens(model) == 8
+    x = np.zeros((rows, 4, 2), "float32")
+    x[:, 0, 0] = np.arange(1.0, rows + 1)
+    expected = _part_means(rows, sizes)
+    np.testing.assert_allclose(model.predict(x, batch_size=rows, verbose=0)[:, 0], expected)
+    loss = model.evaluate(x, np.zeros((rows, 1)), batch_size=rows, verbose=0)
+    np.testing.assert_allclose(loss, np.mean(np.square(expected)), rtol=1e-6)
+
+
+def test_part_tokens_need_a_keras_vit_model_of_known_size(tiny_config):
+    # No attention layer, or one built for any image size: the fixed parts.
+    x = np.array([[1.0], [2.0], [3.0], [4.0], [6.0]], "float32")
+    model = _batch_mixing_model()
+    model.compile(loss="mse")
+    streams.use_streams(model, 2, train=False, part_tokens=1)
+    assert streams.part_tokens(model) is None
+    np.testing.assert_allclose(model.predict(x, verbose=0)[:, 0], [2, 2, 2, 5, 5], rtol=1e-6)
+    dynamic = keras_vit.VisionTransformer(**{**tiny_config, "dynamic_image_size": True})
+    dynamic.compile(loss="mse")
+    streams.use_streams(dynamic, 2, train=False, part_tokens=1)
+    assert streams.part_tokens(dynamic) is None
+    with pytest.raises(ValueError, match="part_tokens"):
+        streams.use_streams(model, 2, train=False, part_tokens=0)
+    # use_streams(model, 1) forgets the limit.
+    fixed = _batch_mixing_attention_model(tokens=4)
+    fixed.compile(loss="mse")
+    streams.use_streams(fixed, 2, train=False, part_tokens=8)
+    streams.use_streams(fixed, 1)
+    assert streams.part_tokens(fixed) is None and streams.parts(fixed) == (1, 1)
+
+
+def test_compile_fast_limits_the_tokens_of_inference_parts(tiny_config, monkeypatch):
+    from keras_vit import _cpu
+
+    monkeypatch.setattr(_cpu, "cpu_only_tensorflow", lambda: True)
+    monkeypatch.setattr(_cpu, "onednn_avx512", lambda: False)  # XLA inference
+    model = keras_vit.VisionTransformer(**{**tiny_config, "num_classes": 5})
+    training.compile_fast(model, keras.optimizers.SGD(0.0), "mse")
+    assert streams.parts(model) == (1, 2)
+    assert streams.part_tokens(model) == streams.INFERENCE_PART_TOKENS == 1600
+    training.compile_fast(model, keras.optimizers.SGD(0.0), "mse", streams=2)
+    assert streams.part_tokens(model) is None  # configured streams: fixed parts
+    # The predictions do not depend on the cut: 40 images of 17 tokens, 680
+    # tokens, in 2 parts, and with a limit of 100 tokens in 8 parts of 5.
+    x = _data(40)[0]
+    training.compile_fast(model, keras.optimizers.SGD(0.0), "mse", streams=1)
+    whole = model.predict(x, batch_size=40, verbose=0)
+    for limit in (1600, 100):
+        monkeypatch.setattr(training, "INFERENCE_PART_TOKENS", limit)
+        training.compile_fast(model, keras.optimizers.SGD(0.0), "mse")
+        np.testing.assert_allclose(
+            model.predict(x, batch_size=40, verbose=0), whole, rtol=1e-5, atol=1e-6
+        )
+
+
 def test_inference_parts_keep_the_train_steps_own_overrides(tiny_config):
     model = _model(tiny_config, True)
     training.training_without_xla(model)

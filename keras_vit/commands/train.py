@@ -173,7 +173,7 @@ def add_arguments(parser):
         help="CPU only: cut each batch into N parts run side by side, each on cores/N "
         "cores (keras_vit.streams; 2 on a 2-core machine: 5-17%% faster evaluation, "
         "6-14%% faster training); with 1, evaluation with XLA still runs each batch "
-        "as two halves at once",
+        "as two or more parts, two at once",
     )
     parser.add_argument("--tensorboard", action="store_true", help="TensorBoard logs in logs/")
     parser.add_argument(

@@ -326,3 +326,17 @@ def runs_per_head(model):
         and (getattr(layer, "tokens", None) or 0) >= PER_HEAD_MIN_TOKENS
         for layer in model._flatten_layers()
     )
+
+
+def tokens_per_image(model):
+    """The most tokens a `MultiHeadSelfAttention` of `model` reads per image, or None.
+
+    None when `model` (nested layers included) has no built attention layer
+    of known size (a model built for any image size).
+    """
+    counts = [
+        layer.tokens
+        for layer in model._flatten_layers()
+        if isinstance(layer, MultiHeadSelfAttention) and getattr(layer, "tokens", None)
+    ]
+    return max(counts) if counts else None
