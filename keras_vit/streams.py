@@ -38,8 +38,7 @@ ViT-S/16, ViT-B/16 and ViT-S/16 384 predict 1.06x, 1.02x and 1.11x faster.
 A batch of more tokens is cut in 4 or 8 parts, so that each part holds at
 most 1600 tokens and its activations stay closer to the cache: 1.03-1.06x
 faster again for ViT-S/16 384 at batch 8 (quarters), 1.06x for ViT-S/16 at
-batch 32
-(docs/performance.md, "Inference in two XLA parts").
+batch 32 (docs/performance.md, "Inference in two XLA parts").
 
 The results are the same as without streams up to float rounding: the loss is
 the part losses weighted by part size, and so are the gradients. Batches

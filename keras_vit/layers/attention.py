@@ -321,11 +321,7 @@ def runs_per_head(model):
     machine without GPU or TPU, its graph-mode calls run one (image, head)
     pair at a time.
     """
-    return any(
-        isinstance(layer, MultiHeadSelfAttention)
-        and (getattr(layer, "tokens", None) or 0) >= PER_HEAD_MIN_TOKENS
-        for layer in model._flatten_layers()
-    )
+    return (tokens_per_image(model) or 0) >= PER_HEAD_MIN_TOKENS
 
 
 def tokens_per_image(model):
