@@ -2,6 +2,7 @@
 
 import inspect
 import math
+import re
 
 import keras
 import numpy as np
@@ -566,6 +567,39 @@ def test_exact_gelu_keeps_its_negative_tail_in_xla_and_in_bfloat16():
     tail = keras.ops.convert_to_tensor(x[(x >= -4) & (x <= -2)], "bfloat16")
     exact = np_gelu(to_numpy(keras.ops.cast(tail, "float32")).astype("float64"))
     np.testing.assert_allclose(to_numpy(keras.ops.cast(gelu(tail), "float32")), exact, rtol=0.1)
+
+
+def test_exact_gelu_backward_keeps_its_own_erf_under_xla():
+    # The derivative writes Phi(x) through erf(-x / sqrt 2) so that XLA does not
+    # merge it with the forward's erf(x / sqrt 2) (which would keep the forward's
+    # term alive until the backward pass). Same numbers: erf is odd.
+    if keras.backend.backend() != "tensorflow":
+        pytest.skip("inspects TensorFlow's XLA program")
+    import tensorflow as tf
+
+    from keras_vit.layers.transformer import _gelu_derivative, gelu
+
+    x = np.concatenate([np.linspace(-12, 12, 4801), RNG.normal(scale=3, size=4000)]).astype(
+        "float32"
+    )
+
+    def value_and_gradient(v):
+        with tf.GradientTape() as tape:
+            tape.watch(v)
+            outputs = gelu(v)
+        return outputs, tape.gradient(outputs, v)
+
+    compiled = tf.function(value_and_gradient, jit_compile=True)
+    hlo = compiled.experimental_get_compiler_ir(tf.constant(x))(stage="optimized_hlo")
+    assert len(re.findall(r"\berf\(", hlo)) == 2, hlo
+
+    def plain(v):  # the derivative with Phi(x) written as 0.5 (1 + erf(x / sqrt 2))
+        cdf = 0.5 * (1.0 + tf.math.erf(v * (1.0 / math.sqrt(2.0))))
+        return cdf + v * tf.exp(-0.5 * v * v) * (1.0 / math.sqrt(2.0 * math.pi))
+
+    for run in (lambda f: f, tf.function, lambda f: tf.function(f, jit_compile=True)):
+        got = run(lambda v: _gelu_derivative(v, False))(tf.constant(x)).numpy()
+        np.testing.assert_array_equal(got, run(plain)(tf.constant(x)).numpy())
 
 
 def test_mlp_bias_initialisation_is_tiny_normal():
