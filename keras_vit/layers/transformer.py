@@ -16,10 +16,16 @@ TANH_GELU_COEFFICIENT = 0.044715
 
 
 def _gelu_derivative(x, approximate):
+    return _gelu_value_and_derivative(x, approximate)[1]
+
+
+def _gelu_value_and_derivative(x, approximate):
+    """(GELU(x), GELU'(x)) from float32 `x`, for the backward passes."""
     if approximate:
         t = ops.tanh(SQRT_2_OVER_PI * (x + TANH_GELU_COEFFICIENT * x * x * x))
         slope = SQRT_2_OVER_PI * (1.0 + 3.0 * TANH_GELU_COEFFICIENT * x * x)
-        return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * slope
+        cdf = 0.5 * (1.0 + t)
+        return x * cdf, cdf + 0.5 * x * (1.0 - t * t) * slope
     # Phi(x) = 0.5 (1 + erf(x / sqrt 2)), written as 0.5 (1 - erf(-x / sqrt 2)):
     # the same numbers (erf is odd, and TensorFlow's, XLA's and JAX's float32
     # erf give exactly -erf(z) at -z), but not the forward's expression. Were
@@ -28,7 +34,7 @@ def _gelu_derivative(x, approximate):
     # (tokens, mlp_dim) tensor per block, 0.1 GB of peak memory at ViT-S/16
     # and 0.2 GB at ViT-B/16, batch 8 (docs/performance.md).
     cdf = 0.5 * (1.0 - ops.erf(x * (-1.0 / math.sqrt(2.0))))
-    return cdf + x * ops.exp(-0.5 * x * x) * (1.0 / math.sqrt(2.0 * math.pi))
+    return x * cdf, cdf + x * ops.exp(-0.5 * x * x) * (1.0 / math.sqrt(2.0 * math.pi))
 
 
 def _gelu_forward(x, approximate):
@@ -65,6 +71,47 @@ def gelu(x, approximate=False):
         return _gelu_forward(x, approximate), grad
 
     return forward(x)
+
+
+def gelu_dense(x, kernel, bias, approximate=False):
+    """`gelu(x) @ kernel + bias` on 2-D `x`, whose backward pass keeps only `x`.
+
+    The forward pass computes what `gelu` followed by a Dense layer computes.
+    The backward pass recomputes GELU(x) from `x` with its derivative (one
+    erf or tanh for both), instead of keeping GELU(x) for the kernel's
+    gradient: one (rows, mlp_dim) tensor less per block while training, the
+    widest the block has: 0.1 GB less peak memory at ViT-S/16 224 and 0.25
+    GB at ViT-B/16, batch 8 (docs/performance.md). For the exact GELU in
+    float32 the recomputed values are the forward's bit for bit (0.5 x (1 + e)
+    and x (0.5 (1 + e)) round alike), so the gradients are those of the
+    layers; the tanh form (Keras writes x^3 as a power) and bfloat16 may
+    differ from the forward in the last bit.
+    """
+
+    @ops.custom_gradient
+    def forward(x, kernel, bias):
+        outputs = ops.matmul(_gelu_forward(x, approximate), kernel) + bias
+
+        def grad(*args, upstream=None):
+            if upstream is None:
+                (upstream,) = args
+            # x + 0 * (an element of upstream): the same numbers, but the
+            # recomputation now waits for the backward pass. Computed from x
+            # alone, XLA's scheduler and TensorFlow's executor run it as soon
+            # as x exists, and keep its two results through the forward pass.
+            # (A non-finite upstream gives non-finite gradients either way.)
+            anchor = 0.0 * ops.cast(upstream[:1, :1], "float32")
+            value, derivative = _gelu_value_and_derivative(
+                ops.cast(x, "float32") + anchor, approximate
+            )
+            d_kernel = ops.matmul(ops.transpose(ops.cast(value, upstream.dtype)), upstream)
+            d_value = ops.matmul(upstream, ops.transpose(kernel))
+            d_x = d_value * ops.cast(derivative, upstream.dtype)
+            return d_x, d_kernel, ops.sum(upstream, axis=0)
+
+        return outputs, grad
+
+    return forward(x, kernel, bias)
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -173,10 +220,31 @@ class MLP(keras.layers.Layer):
         # On (rows, features): plain matrix products, which oneDNN fuses with the
         # bias and the GELU (3-D inputs become slower batched products on CPUs).
         x = ops.reshape(inputs, (-1, inputs.shape[-1]))
-        x = gelu(self.fc1(x), approximate=self.approximate_gelu)
+        x = self.fc1(x)
+        if training and self._fuses_gelu_and_fc2():
+            # Training keeps fc1's output only; GELU's is recomputed (gelu_dense).
+            kernel = ops.cast(self.fc2.kernel, self.compute_dtype)
+            bias = ops.cast(self.fc2.bias, self.compute_dtype)
+            x = gelu_dense(x, kernel, bias, approximate=self.approximate_gelu)
+        else:
+            x = gelu(x, approximate=self.approximate_gelu)
+            x = self.dropout(x, training=training)
+            x = self.fc2(x)
         x = self.dropout(x, training=training)
-        x = self.dropout(self.fc2(x), training=training)
         return ops.reshape(x, ops.shape(inputs))
+
+    def _fuses_gelu_and_fc2(self):
+        # Not with dropout between the two, nor for an fc2 that Keras changed
+        # (quantized, LoRA): those keep the layers as they are.
+        fc2 = getattr(self, "fc2", None)  # None before build
+        return (
+            self.dropout_rate == 0.0
+            and type(fc2) is keras.layers.Dense
+            and fc2.activation is keras.activations.linear
+            and fc2.use_bias
+            and getattr(fc2, "quantization_mode", None) is None
+            and not getattr(fc2, "lora_enabled", False)
+        )
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape)
