@@ -641,6 +641,7 @@ def test_mlp_trains_through_gelu_dense_with_the_same_gradients(monkeypatch):
     perturb(layer)
     assert layer._fuses_gelu_and_fc2()
     assert not layers.MLP(mlp_dim=32, dropout_rate=0.1)._fuses_gelu_and_fc2()
+    assert not layers.MLP(mlp_dim=32)._fuses_gelu_and_fc2()  # not built yet
 
     def gradients():
         if keras.backend.backend() == "tensorflow":
@@ -666,6 +667,25 @@ def test_mlp_trains_through_gelu_dense_with_the_same_gradients(monkeypatch):
     for got, expected in zip(fused, gradients()):
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(fused[0], to_numpy(layer(x)), rtol=1e-6, atol=1e-6)
+
+
+def test_mlp_with_a_lora_or_quantized_fc2_trains_through_the_layers():
+    for change in (lambda dense: dense.enable_lora(2), lambda dense: dense.quantize("int8")):
+        layer = layers.MLP(mlp_dim=32)
+        x = RNG.normal(size=(3, 5, 8)).astype("float32")
+        layer(x)
+        perturb(layer)
+        change(layer.fc2)
+        assert not layer._fuses_gelu_and_fc2()
+        # The layers themselves run: training gives inference's output (no dropout).
+        np.testing.assert_allclose(
+            to_numpy(layer(x, training=True)), to_numpy(layer(x)), rtol=1e-6, atol=1e-6
+        )
+        hidden = keras.activations.gelu(layer.fc1(x.reshape(-1, 8)))
+        expected = np.reshape(to_numpy(layer.fc2(hidden)), x.shape)
+        np.testing.assert_allclose(
+            to_numpy(layer(x, training=True)), expected, rtol=1e-5, atol=1e-6
+        )
 
 
 def test_mlp_training_keeps_less_memory_in_graph_mode(monkeypatch):
