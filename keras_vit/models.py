@@ -119,8 +119,8 @@ def VisionTransformer(
         remat: gradient checkpointing of every transformer block: training
             keeps each block's input only and recomputes the rest in the
             backward pass (same numbers; at ViT-S/16 384 batch 8 the peak
-            training memory drops from ~4.1 to ~2.4 GB for ~20% less speed,
-            docs/performance.md).
+            training memory drops from ~3.5 to ~2.0 GB for ~25% less speed
+            on a 2-core CPU, docs/performance.md).
         num_channels: channels of the input images.
         resnet_layers: None for a plain ViT; for a hybrid, the number of
             bottleneck units per ResNet-v2 stage, e.g. (3, 4, 9); () keeps
