@@ -643,30 +643,18 @@ def test_mlp_trains_through_gelu_dense_with_the_same_gradients(monkeypatch):
     assert not layers.MLP(mlp_dim=32, dropout_rate=0.1)._fuses_gelu_and_fc2()
     assert not layers.MLP(mlp_dim=32)._fuses_gelu_and_fc2()  # not built yet
 
-    def gradients():
-        if keras.backend.backend() == "tensorflow":
-            import tensorflow as tf
-
-            with tf.GradientTape() as tape:
-                outputs = layer(x, training=True)
-                loss = tf.reduce_sum(outputs * outputs)
-            return [outputs.numpy()] + [g.numpy() for g in tape.gradient(loss, layer.weights)]
-        import jax
-
-        def loss(values):
-            outputs, _ = layer.stateless_call(values, [], x, training=True)
-            return (outputs * outputs).sum(), outputs
-
-        (_, outputs), grads = jax.value_and_grad(loss, has_aux=True)(
-            [v.value for v in layer.trainable_variables]
-        )
-        return [np.asarray(outputs)] + [np.asarray(g) for g in grads]
-
-    fused = gradients()
+    upstream = RNG.normal(size=x.shape).astype("float32")
+    fused_outputs = to_numpy(layer(x, training=True))
+    fused_loss, fused_gradients = _layer_loss_and_gradients(layer, x, upstream)
     monkeypatch.setattr(layers.MLP, "_fuses_gelu_and_fc2", lambda self: False)
-    for got, expected in zip(fused, gradients()):
+    np.testing.assert_allclose(
+        fused_outputs, to_numpy(layer(x, training=True)), rtol=1e-6, atol=1e-6
+    )
+    np.testing.assert_allclose(fused_outputs, to_numpy(layer(x)), rtol=1e-6, atol=1e-6)
+    loss, gradients = _layer_loss_and_gradients(layer, x, upstream)
+    assert fused_loss == pytest.approx(loss, rel=1e-5)
+    for got, expected in zip(fused_gradients, gradients):  # x, then each weight
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(fused[0], to_numpy(layer(x)), rtol=1e-6, atol=1e-6)
 
 
 def test_mlp_with_a_lora_or_quantized_fc2_trains_through_the_layers():

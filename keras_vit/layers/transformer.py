@@ -238,12 +238,10 @@ class MLP(keras.layers.Layer):
         # (quantized, LoRA): those keep the layers as they are.
         fc2 = getattr(self, "fc2", None)  # None before build
         return (
-            self.dropout_rate == 0.0
-            and type(fc2) is keras.layers.Dense
-            and fc2.activation is keras.activations.linear
-            and fc2.use_bias
-            and getattr(fc2, "quantization_mode", None) is None
-            and not getattr(fc2, "lora_enabled", False)
+            fc2 is not None
+            and self.dropout_rate == 0.0
+            and fc2.quantization_mode is None
+            and not fc2.lora_enabled
         )
 
     def compute_output_shape(self, input_shape):
