@@ -458,6 +458,47 @@ def test_attention_per_head_core_in_mixed_precision_and_not_under_xla(per_head_c
     assert len(per_head_calls) == count
 
 
+def test_per_head_attention_training_does_not_keep_the_weights(per_head_calls):
+    # Twelve attention layers on a residual stream, differentiated in a
+    # TensorFlow graph with the per-head core: its backward pass recomputes
+    # each pair's weights, so the pool's peak stays under half of what
+    # keeping the (batch, heads, tokens, tokens) weights per block would hold
+    # (24 MB here), unless the executor ran the recomputation early, in the
+    # forward pass, and kept its results instead.
+    if keras.backend.backend() != "tensorflow":
+        pytest.skip("measures TensorFlow's CPU pool")
+    import tensorflow as tf
+
+    from keras_vit import _memory
+
+    if not _memory.cpu_memory_pooled():
+        pytest.skip("TensorFlow's CPU pool is off: no peak to read")
+    batch, tokens, heads, blocks = 4, 256, 2, 12
+    attentions = [layers.MultiHeadSelfAttention(num_heads=heads) for _ in range(blocks)]
+    x = tf.constant(RNG.normal(size=(batch, tokens, 16)).astype("float32"))
+    for attention in attentions:
+        attention(x)
+    weights = [w for attention in attentions for w in attention.trainable_weights]
+
+    @tf.function
+    def step(x):
+        with tf.GradientTape() as tape:
+            h = x
+            for attention in attentions:
+                h = h + attention(h, training=True)
+            loss = tf.reduce_sum(h * h)
+        return tape.gradient(loss, weights)
+
+    step(x)
+    count = len(per_head_calls)
+    tf.config.experimental.reset_memory_stats("CPU:0")
+    step(x)
+    peak = tf.config.experimental.get_memory_info("CPU:0")["peak"]
+    assert count >= blocks, "the per-head core did not run"
+    kept_weights = blocks * batch * heads * tokens * tokens * 4
+    assert peak < 0.5 * kept_weights, (peak, kept_weights)
+
+
 def test_attention_gradients_with_attention_dropout_and_in_mixed_precision():
     x = RNG.normal(size=(2, 5, 12)).astype("float32")
     upstream = RNG.normal(size=(2, 5, 12)).astype("float32")
