@@ -123,15 +123,17 @@ def _attention_core_per_head(query, key, value):
     """`_attention_core` on TensorFlow, one (image, head) pair per loop step.
 
     The same arithmetic on 2-D products inside a `tf.map_fn` loop (a while
-    loop in the graph, in XLA and in a SavedModel), with one difference in
-    what training keeps: the backward pass recomputes each pair's weights
-    from its query and key instead of keeping the (batch, heads, tokens,
-    tokens) weights from the forward pass. That is the largest tensor a block
-    keeps at long sequences (64 MB per block at ViT-S/16 384, batch 8:
-    0.77 GB over 12 blocks), for one more (tokens x head_dim) by
-    (head_dim x tokens) product and softmax per pair. The recomputation runs
-    the forward's own operations on the same inputs, so the weights, and the
-    gradients, are those of keeping them, bit for bit.
+    loop in the graph, in XLA and in a SavedModel), but training keeps less.
+    The backward pass recomputes each pair's weights from its query and key
+    instead of keeping the (batch, heads, tokens, tokens) weights from the
+    forward pass: the largest tensor a block keeps at long sequences (64 MB
+    per block at ViT-S/16 384, batch 8: 0.77 GB over 12 blocks), for one more
+    (tokens x head_dim) by (head_dim x tokens) product and softmax per pair.
+    And it reads the output in the layout it returns (which the output
+    projection keeps) rather than keeping the loop's own. The recomputation
+    runs the forward's own operations on the same inputs, so the weights, and
+    the gradients, are those of keeping them, bit for bit (checked on this
+    machine at 577 tokens).
     """
     import tensorflow as tf
 
@@ -155,21 +157,26 @@ def _attention_core_per_head(query, key, value):
 
         inputs = (pairs(query, queries), pairs(key, keys), pairs(value, keys))
         outputs = tf.map_fn(forward, inputs, fn_output_signature=value.dtype)
+        result = to_output_layout(outputs)
 
         def grad(upstream):
             def backward(pair):
-                o, d_o, q, k, v = pair
+                row, d_o, q, k, v = pair
                 w = weights_of(q, k)
                 d_value = tf.matmul(tf.cast(w, d_o.dtype), d_o, transpose_a=True)
                 d_weights = tf.cast(tf.matmul(d_o, v, transpose_b=True), tf.float32)
-                row = tf.reduce_sum(
-                    tf.cast(d_o, tf.float32) * tf.cast(o, tf.float32), axis=-1, keepdims=True
-                )
                 d_logits = tf.cast(w * (d_weights - row), q.dtype)
                 d_query = tf.matmul(d_logits, k)
                 d_key = tf.matmul(d_logits, q, transpose_a=True)
                 return d_query, d_key, d_value
 
+            # The softmax's row term sum_d dO * O, from the output as returned:
+            # the output projection keeps that tensor anyway, so the loop's own
+            # output (the same numbers, laid out by pair) need not be kept too.
+            row = tf.reduce_sum(
+                tf.cast(upstream, tf.float32) * tf.cast(result, tf.float32), axis=-1
+            )  # (batch, queries, heads)
+            row = tf.reshape(tf.transpose(row, (0, 2, 1)), (-1, queries, 1))
             d_outputs = pairs(tf.transpose(upstream, (0, 2, 1, 3)), queries)
             # query + 0 * (an element of upstream): the same numbers, but the
             # loop's recomputation of the weights now waits for the backward
@@ -178,7 +185,7 @@ def _attention_core_per_head(query, key, value):
             anchor = tf.cast(0.0, query.dtype) * d_outputs[:1, :1, :1]
             d_query, d_key, d_value = tf.map_fn(
                 backward,
-                (outputs, d_outputs, inputs[0] + anchor, *inputs[1:]),
+                (row, d_outputs, inputs[0] + anchor, *inputs[1:]),
                 fn_output_signature=(query.dtype, key.dtype, value.dtype),
             )
             return (
@@ -187,7 +194,7 @@ def _attention_core_per_head(query, key, value):
                 tf.reshape(d_value, tf.shape(value)),
             )
 
-        return to_output_layout(outputs), grad
+        return result, grad
 
     return core(query, key, value)
 
