@@ -280,8 +280,10 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         # on that layout, and an unstack (not three slices) for the backward
         # pass, halve the attention core's forward + backward time without XLA
         # (see benchmarks/micro.py attention).
-        qkv = self.qkv(ops.reshape(inputs, (-1, self.hidden_dim)))
-        qkv = ops.reshape(qkv, (-1, _tokens(inputs), 3, self.num_heads, self.head_dim))
+        return self._heads(self.qkv(ops.reshape(inputs, (-1, self.hidden_dim))), _tokens(inputs))
+
+    def _heads(self, qkv, tokens):
+        qkv = ops.reshape(qkv, (-1, tokens, 3, self.num_heads, self.head_dim))
         query, key, value = ops.unstack(ops.transpose(qkv, (2, 0, 3, 1, 4)), num=3, axis=0)
         return query, key, value
 
@@ -297,7 +299,21 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         return self._attention_weights(query, key)
 
     def call(self, inputs, training=None, num_queries=None):
-        query, key, value = self._split_heads(inputs)  # each (batch, heads, tokens, head_dim)
+        return self._attend(*self._split_heads(inputs), training, num_queries)
+
+    def normalized_call(self, inputs, norm, training=None, num_queries=None):
+        """`self(norm(inputs), ...)` for a `LayerNorm` `norm`, in training.
+
+        The layer norm and the qkv projection run together (`LayerNorm.dense`),
+        so the backward pass keeps `inputs` and not the normalized tokens.
+        `TransformerBlock` calls it in training; it expects this layer built
+        and `inputs` in its compute dtype.
+        """
+        qkv = norm.dense(ops.reshape(inputs, (-1, self.hidden_dim)), self.qkv)
+        return self._attend(*self._heads(qkv, _tokens(inputs)), training, num_queries)
+
+    def _attend(self, query, key, value, training, num_queries):
+        # query, key, value: each (batch, heads, tokens, head_dim)
         if num_queries is not None:
             query = query[:, :, :num_queries]
         if training and self.attention_dropout_rate > 0.0:

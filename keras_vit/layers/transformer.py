@@ -219,8 +219,22 @@ class MLP(keras.layers.Layer):
     def call(self, inputs, training=None):
         # On (rows, features): plain matrix products, which oneDNN fuses with the
         # bias and the GELU (3-D inputs become slower batched products on CPUs).
-        x = ops.reshape(inputs, (-1, inputs.shape[-1]))
-        x = self.fc1(x)
+        x = self.fc1(ops.reshape(inputs, (-1, inputs.shape[-1])))
+        return self._from_hidden(x, ops.shape(inputs), training)
+
+    def normalized_call(self, inputs, norm, training=None):
+        """`self(norm(inputs), ...)` for a `LayerNorm` `norm`, in training.
+
+        The layer norm and fc1 run together (`LayerNorm.dense`), so the
+        backward pass keeps `inputs` and not the normalized tokens.
+        `TransformerBlock` calls it in training; it expects this layer built
+        and `inputs` in its compute dtype.
+        """
+        x = norm.dense(ops.reshape(inputs, (-1, inputs.shape[-1])), self.fc1)
+        return self._from_hidden(x, ops.shape(inputs), training)
+
+    def _from_hidden(self, x, shape, training):
+        # x: fc1's output, (rows, mlp_dim); shape: that of the MLP's input.
         if training and self._fuses_gelu_and_fc2():
             # Training keeps fc1's output only; GELU's is recomputed (gelu_dense).
             kernel = ops.cast(self.fc2.kernel, self.compute_dtype)
@@ -231,7 +245,7 @@ class MLP(keras.layers.Layer):
             x = self.dropout(x, training=training)
             x = self.fc2(x)
         x = self.dropout(x, training=training)
-        return ops.reshape(x, ops.shape(inputs))
+        return ops.reshape(x, shape)
 
     def _fuses_gelu_and_fc2(self):
         # Not with dropout between the two, nor for an fc2 that Keras changed
@@ -357,10 +371,21 @@ class TransformerBlock(keras.layers.Layer):
 
     def _forward(self, inputs, training, first_token_only):
         num_queries = 1 if first_token_only else None
-        x = self.attention(self.norm1(inputs), training=training, num_queries=num_queries)
+        if training and self.built:
+            # Each layer norm runs with the Dense layer after it, so training
+            # keeps the block's inputs and not the normalized tokens as well
+            # (LayerNorm.dense): what the layers compute, with less memory.
+            x = self.attention.normalized_call(
+                inputs, self.norm1, training=training, num_queries=num_queries
+            )
+        else:
+            x = self.attention(self.norm1(inputs), training=training, num_queries=num_queries)
         shortcut = inputs[:, :1] if first_token_only else inputs
         x = shortcut + self.drop_path(x, training=training)
-        y = self.mlp(self.norm2(x), training=training)
+        if training and self.built:
+            y = self.mlp.normalized_call(x, self.norm2, training=training)
+        else:
+            y = self.mlp(self.norm2(x), training=training)
         return x + self.drop_path(y, training=training)
 
     def rematerialized_call(self, layer_call, *args, **kwargs):
