@@ -118,9 +118,10 @@ def VisionTransformer(
             (True) or exact erf GELU as in timm and Hugging Face (False).
         remat: gradient checkpointing of every transformer block: training
             keeps each block's input only and recomputes the rest in the
-            backward pass (same numbers; at ViT-S/16 384 batch 8 the peak
-            training memory drops from ~3.5 to ~2.0 GB for ~25% less speed
-            on a 2-core CPU, docs/performance.md).
+            backward pass (same numbers; at ViT-S/16 224 and ViT-B/16 batch 8
+            the peak training memory drops from ~2.2 to ~1.95 and from ~3.4
+            to ~2.9 GB, for ~15-20% less speed on a 2-core CPU;
+            docs/performance.md).
         num_channels: channels of the input images.
         resnet_layers: None for a plain ViT; for a hybrid, the number of
             bottleneck units per ResNet-v2 stage, e.g. (3, 4, 9); () keeps

@@ -371,7 +371,7 @@ class TransformerBlock(keras.layers.Layer):
 
     def _forward(self, inputs, training, first_token_only):
         num_queries = 1 if first_token_only else None
-        if training and self.built:
+        if training:
             # Each layer norm runs with the Dense layer after it, so training
             # keeps the block's inputs and not the normalized tokens as well
             # (LayerNorm.dense): what the layers compute, with less memory.
@@ -382,7 +382,7 @@ class TransformerBlock(keras.layers.Layer):
             x = self.attention(self.norm1(inputs), training=training, num_queries=num_queries)
         shortcut = inputs[:, :1] if first_token_only else inputs
         x = shortcut + self.drop_path(x, training=training)
-        if training and self.built:
+        if training:
             y = self.mlp.normalized_call(x, self.norm2, training=training)
         else:
             y = self.mlp(self.norm2(x), training=training)
