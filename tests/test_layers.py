@@ -198,6 +198,37 @@ def _layer_loss_and_gradients(layer, x, upstream, mode="eager"):
     return float(loss), [np.asarray(d_x), *(np.asarray(g) for g in d_weights)]
 
 
+def _tensorflow_with_a_pool():
+    """TensorFlow, for tests that read its CPU pool's peak; skips elsewhere."""
+    if keras.backend.backend() != "tensorflow":
+        pytest.skip("measures TensorFlow's CPU pool")
+    import tensorflow as tf
+
+    from keras_vit import _memory
+
+    if not _memory.cpu_memory_pooled():
+        pytest.skip("TensorFlow's CPU pool is off: no peak to read")
+    return tf
+
+
+def _pool_peak_of_a_training_step(forward, x, weights):
+    """Peak bytes of TensorFlow's CPU pool, above those live before, while a
+    graph-mode step differentiates sum(forward(x) ** 2) for `weights`."""
+    import tensorflow as tf
+
+    @tf.function
+    def step(x):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.square(forward(x)))
+        return tape.gradient(loss, weights)
+
+    step(x)
+    tf.config.experimental.reset_memory_stats("CPU:0")
+    before = tf.config.experimental.get_memory_info("CPU:0")["current"]  # earlier tests' tensors
+    step(x)
+    return tf.config.experimental.get_memory_info("CPU:0")["peak"] - before
+
+
 def _central_differences(loss, arrays, which, step):
     """d loss / d arrays[which], each element by a central difference in float64."""
     gradient = np.zeros_like(arrays[which])
@@ -465,14 +496,7 @@ def test_per_head_attention_training_does_not_keep_the_weights(per_head_calls):
     # keeping the (batch, heads, tokens, tokens) weights per block would hold
     # (24 MB here), unless the executor ran the recomputation early, in the
     # forward pass, and kept its results instead.
-    if keras.backend.backend() != "tensorflow":
-        pytest.skip("measures TensorFlow's CPU pool")
-    import tensorflow as tf
-
-    from keras_vit import _memory
-
-    if not _memory.cpu_memory_pooled():
-        pytest.skip("TensorFlow's CPU pool is off: no peak to read")
+    tf = _tensorflow_with_a_pool()
     batch, tokens, heads, blocks = 4, 256, 2, 12
     attentions = [layers.MultiHeadSelfAttention(num_heads=heads) for _ in range(blocks)]
     x = tf.constant(RNG.normal(size=(batch, tokens, 16)).astype("float32"))
@@ -480,22 +504,14 @@ def test_per_head_attention_training_does_not_keep_the_weights(per_head_calls):
         attention(x)
     weights = [w for attention in attentions for w in attention.trainable_weights]
 
-    @tf.function
-    def step(x):
-        with tf.GradientTape() as tape:
-            h = x
-            for attention in attentions:
-                h = h + attention(h, training=True)
-            loss = tf.reduce_sum(h * h)
-        return tape.gradient(loss, weights)
+    def forward(h):
+        for attention in attentions:
+            h = h + attention(h, training=True)
+        return h
 
-    step(x)
-    count = len(per_head_calls)
-    tf.config.experimental.reset_memory_stats("CPU:0")
-    before = tf.config.experimental.get_memory_info("CPU:0")["current"]  # earlier tests' tensors
-    step(x)
-    peak = tf.config.experimental.get_memory_info("CPU:0")["peak"] - before
-    assert count >= blocks, "the per-head core did not run"
+    count = len(per_head_calls)  # the eager calls above took it too
+    peak = _pool_peak_of_a_training_step(forward, x, weights)
+    assert len(per_head_calls) >= count + blocks, "the traced step did not take the per-head core"
     kept_weights = blocks * batch * heads * tokens * tokens * 4
     assert peak < 0.5 * kept_weights, (peak, kept_weights)
 
@@ -727,14 +743,7 @@ def test_mlp_training_keeps_less_memory_in_graph_mode(monkeypatch):
     # without GELU's output kept per block, the pool's peak drops by about
     # one (rows, mlp_dim) tensor per block (2 MB here), unless the executor
     # ran the backward's recomputation early and kept its results instead.
-    if keras.backend.backend() != "tensorflow":
-        pytest.skip("measures TensorFlow's CPU pool")
-    import tensorflow as tf
-
-    from keras_vit import _memory
-
-    if not _memory.cpu_memory_pooled():
-        pytest.skip("TensorFlow's CPU pool is off: no peak to read")
+    tf = _tensorflow_with_a_pool()
     rows, mlp_dim, blocks = 512, 1024, 12
     mlps = [layers.MLP(mlp_dim) for _ in range(blocks)]
     x = tf.constant(RNG.normal(size=(rows, 32)).astype("float32"))
@@ -742,20 +751,13 @@ def test_mlp_training_keeps_less_memory_in_graph_mode(monkeypatch):
         mlp(x)
     weights = [w for mlp in mlps for w in mlp.trainable_weights]
 
-    def peak():
-        @tf.function
-        def step(x):
-            with tf.GradientTape() as tape:
-                h = x
-                for mlp in mlps:
-                    h = h + mlp(h, training=True)
-                loss = tf.reduce_sum(h * h)
-            return tape.gradient(loss, weights)
+    def forward(h):
+        for mlp in mlps:
+            h = h + mlp(h, training=True)
+        return h
 
-        step(x)
-        tf.config.experimental.reset_memory_stats("CPU:0")
-        step(x)
-        return tf.config.experimental.get_memory_info("CPU:0")["peak"]
+    def peak():
+        return _pool_peak_of_a_training_step(forward, x, weights)
 
     fused = peak()
     monkeypatch.setattr(layers.MLP, "_fuses_gelu_and_fc2", lambda self: False)
@@ -848,14 +850,7 @@ def test_layer_norm_dense_keeps_less_memory_in_graph_mode(monkeypatch):
     # and differentiated in a TensorFlow graph: the pool's peak drops by about
     # one normalized (rows, D) tensor per pair (1 MB here), unless the
     # executor ran the backward's recomputation early and kept its result.
-    if keras.backend.backend() != "tensorflow":
-        pytest.skip("measures TensorFlow's CPU pool")
-    import tensorflow as tf
-
-    from keras_vit import _memory
-
-    if not _memory.cpu_memory_pooled():
-        pytest.skip("TensorFlow's CPU pool is off: no peak to read")
+    tf = _tensorflow_with_a_pool()
     rows, width, pairs = 512, 512, 12
     norms = [layers.LayerNorm(epsilon=1e-6) for _ in range(pairs)]
     denses = [keras.layers.Dense(width) for _ in range(pairs)]
@@ -864,20 +859,13 @@ def test_layer_norm_dense_keeps_less_memory_in_graph_mode(monkeypatch):
         dense(norm(x))
     weights = [w for layer in norms + denses for w in layer.trainable_weights]
 
-    def peak():
-        @tf.function
-        def step(x):
-            with tf.GradientTape() as tape:
-                h = x
-                for norm, dense in zip(norms, denses):
-                    h = h + tf.tanh(norm.dense(h, dense))
-                loss = tf.reduce_sum(h * h)
-            return tape.gradient(loss, weights)
+    def forward(h):
+        for norm, dense in zip(norms, denses):
+            h = h + tf.tanh(norm.dense(h, dense))
+        return h
 
-        step(x)
-        tf.config.experimental.reset_memory_stats("CPU:0")
-        step(x)
-        return tf.config.experimental.get_memory_info("CPU:0")["peak"]
+    def peak():
+        return _pool_peak_of_a_training_step(forward, x, weights)
 
     fused = peak()
     monkeypatch.setattr(
