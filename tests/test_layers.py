@@ -791,15 +791,18 @@ def test_layer_norm_dense_matches_keras_layer_norm_then_a_dense_layer():
         np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("mode", ["eager", "graph", "xla"])
+@pytest.mark.parametrize(
+    "mode, dtype",
+    [("eager", None), ("graph", None), ("xla", None), ("eager", "mixed_bfloat16")],
+)
 def test_transformer_block_trains_through_layer_norm_dense_with_the_same_gradients(
-    monkeypatch, mode
+    monkeypatch, mode, dtype
 ):
     if mode != "eager" and keras.backend.backend() != "tensorflow":
         pytest.skip("graph and XLA modes are TensorFlow's")
     from keras_vit.layers import normalization
 
-    block = layers.TransformerBlock(num_heads=2, mlp_dim=32)
+    block = layers.TransformerBlock(num_heads=2, mlp_dim=32, dtype=dtype)
     x = RNG.normal(size=(3, 5, 8)).astype("float32")
     block(x)
     perturb(block)
@@ -817,12 +820,17 @@ def test_transformer_block_trains_through_layer_norm_dense_with_the_same_gradien
     )
     loss, gradients = _layer_loss_and_gradients(block, x, upstream, mode)
     assert len(calls) == 2
-    assert fused_loss == pytest.approx(loss, rel=1e-5)
+    # The bias gradients are sums over rows, in another order than Keras'
+    # (1.2e-6 apart at an element of 8e-7 in graph mode, ~0.5 at most). In
+    # bfloat16 (8 bits) JAX rounds the fused function's intermediates apart
+    # from the layers' (loss 26.354 against 26.330).
+    tolerance = 1e-5 if dtype is None else 2e-2
+    assert fused_loss == pytest.approx(loss, rel=tolerance)
     for got, expected in zip(fused_gradients, gradients):  # x, then each weight
-        # The bias gradients are sums over rows, in another order than Keras'
-        # (1.2e-6 apart at an element of 8e-7 in graph mode, ~0.5 at most).
         scale = np.abs(expected).max()
-        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5 * scale)
+        np.testing.assert_allclose(
+            got, expected, rtol=tolerance, atol=tolerance * scale, err_msg=str(dtype)
+        )
 
 
 def test_layer_norm_dense_with_a_lora_or_quantized_layer_runs_the_layers():
