@@ -851,6 +851,8 @@ def test_layer_norm_dense_with_a_lora_or_quantized_layer_runs_the_layers():
     got = to_numpy(norm.dense(x, dense))
     assert got.min() >= 0.0
     np.testing.assert_allclose(got, to_numpy(dense(norm(x))), rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match=r"2-D inputs.*Received: inputs.shape=\(2, 3, 8\)"):
+        norm.dense(x.reshape(2, 3, 8), dense)
 
 
 def test_layer_norm_dense_keeps_less_memory_in_graph_mode(monkeypatch):

@@ -186,6 +186,11 @@ class LayerNorm(keras.layers.LayerNormalization):
         with LoRA), the two run as `layer_norm_dense`, which keeps less for
         the backward pass; otherwise as the two layers.
         """
+        if len(inputs.shape) != 2:
+            raise ValueError(
+                "LayerNorm.dense expects 2-D inputs of shape (rows, features). "
+                f"Received: inputs.shape={tuple(inputs.shape)}"
+            )
         if not (
             self._usual_configuration(inputs)
             and isinstance(layer, keras.layers.Dense)
