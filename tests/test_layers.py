@@ -229,6 +229,20 @@ def _pool_peak_of_a_training_step(forward, x, weights):
     return tf.config.experimental.get_memory_info("CPU:0")["peak"] - before
 
 
+def _residual_stack(stack, x):
+    """Builds each layer of `stack` on `x`; returns h -> h + layer(h, training=True)
+    through them all, and their trainable weights."""
+    for layer in stack:
+        layer(x)
+
+    def forward(h):
+        for layer in stack:
+            h = h + layer(h, training=True)
+        return h
+
+    return forward, [w for layer in stack for w in layer.trainable_weights]
+
+
 def _central_differences(loss, arrays, which, step):
     """d loss / d arrays[which], each element by a central difference in float64."""
     gradient = np.zeros_like(arrays[which])
@@ -500,15 +514,7 @@ def test_per_head_attention_training_does_not_keep_the_weights(per_head_calls):
     batch, tokens, heads, blocks = 4, 256, 2, 12
     attentions = [layers.MultiHeadSelfAttention(num_heads=heads) for _ in range(blocks)]
     x = tf.constant(RNG.normal(size=(batch, tokens, 16)).astype("float32"))
-    for attention in attentions:
-        attention(x)
-    weights = [w for attention in attentions for w in attention.trainable_weights]
-
-    def forward(h):
-        for attention in attentions:
-            h = h + attention(h, training=True)
-        return h
-
+    forward, weights = _residual_stack(attentions, x)
     count = len(per_head_calls)  # the eager calls above took it too
     peak = _pool_peak_of_a_training_step(forward, x, weights)
     assert len(per_head_calls) >= count + blocks, "the traced step did not take the per-head core"
@@ -747,14 +753,7 @@ def test_mlp_training_keeps_less_memory_in_graph_mode(monkeypatch):
     rows, mlp_dim, blocks = 512, 1024, 12
     mlps = [layers.MLP(mlp_dim) for _ in range(blocks)]
     x = tf.constant(RNG.normal(size=(rows, 32)).astype("float32"))
-    for mlp in mlps:
-        mlp(x)
-    weights = [w for mlp in mlps for w in mlp.trainable_weights]
-
-    def forward(h):
-        for mlp in mlps:
-            h = h + mlp(h, training=True)
-        return h
+    forward, weights = _residual_stack(mlps, x)
 
     def peak():
         return _pool_peak_of_a_training_step(forward, x, weights)
