@@ -5,6 +5,7 @@ import keras
 from keras import ops
 
 from keras_vit import _cpu
+from keras_vit.layers._backward import tied_to_upstream
 
 
 def _fused_tensorflow_layer_norm(inputs, gamma, beta, epsilon):
@@ -42,6 +43,21 @@ def _fused_tensorflow_layer_norm(inputs, gamma, beta, epsilon):
     return tf.reshape(x, shape) * gamma + beta
 
 
+def _layer_norm_backward(d_outputs, normalized, inverse_std, gamma, rows):
+    """A layer norm's gradients (x, gamma, beta) from its output's gradient.
+
+    `normalized` is x_hat = (x - mean) * inverse_std, in float32 as
+    `d_outputs`; `rows` are the axes that gamma and beta are shared over.
+    """
+    scaled = d_outputs * gamma
+    d_x = inverse_std * (
+        scaled
+        - ops.mean(scaled, axis=-1, keepdims=True)
+        - normalized * ops.mean(scaled * normalized, axis=-1, keepdims=True)
+    )
+    return d_x, ops.sum(d_outputs * normalized, axis=rows), ops.sum(d_outputs, axis=rows)
+
+
 def _layer_norm_last_axis(x, gamma, beta, epsilon):
     """(x - mean) / sqrt(var + epsilon) * gamma + beta over the last axis.
 
@@ -71,14 +87,8 @@ def _layer_norm_last_axis(x, gamma, beta, epsilon):
             if upstream is None:
                 (upstream,) = args
             normalized = (x - mean) * inverse_std
-            scaled = upstream * gamma
-            d_x = inverse_std * (
-                scaled
-                - ops.mean(scaled, axis=-1, keepdims=True)
-                - normalized * ops.mean(scaled * normalized, axis=-1, keepdims=True)
-            )
             rows = tuple(range(len(x.shape) - 1))
-            return d_x, ops.sum(upstream * normalized, axis=rows), ops.sum(upstream, axis=rows)
+            return _layer_norm_backward(upstream, normalized, inverse_std, gamma, rows)
 
         return outputs, grad
 
@@ -111,27 +121,15 @@ def layer_norm_dense(x, gamma, beta, epsilon, kernel, bias):
         def grad(*args, upstream=None):
             if upstream is None:
                 (upstream,) = args
-            # x + 0 * (an element of upstream), as in `gelu_dense`: the same
-            # numbers, but the recomputation waits for the backward pass.
-            anchor = 0.0 * ops.cast(upstream[:1, :1], "float32")
-            normalized = (ops.cast(x, "float32") + anchor - mean) * inverse_std
+            normalized = (tied_to_upstream(x, upstream) - mean) * inverse_std
             d_kernel = ops.matmul(
                 ops.transpose(ops.cast(normalized * gamma + beta, upstream.dtype)), upstream
             )
             d_outputs = ops.cast(ops.matmul(upstream, ops.transpose(kernel)), "float32")
-            scaled = d_outputs * gamma
-            d_x = inverse_std * (
-                scaled
-                - ops.mean(scaled, axis=-1, keepdims=True)
-                - normalized * ops.mean(scaled * normalized, axis=-1, keepdims=True)
+            d_x, d_gamma, d_beta = _layer_norm_backward(
+                d_outputs, normalized, inverse_std, gamma, (0,)
             )
-            return (
-                ops.cast(d_x, x.dtype),
-                ops.sum(d_outputs * normalized, axis=0),
-                ops.sum(d_outputs, axis=0),
-                d_kernel,
-                ops.sum(upstream, axis=0),
-            )
+            return ops.cast(d_x, x.dtype), d_gamma, d_beta, d_kernel, ops.sum(upstream, axis=0)
 
         return outputs, grad
 

@@ -5,6 +5,7 @@ import math
 import keras
 from keras import ops
 
+from keras_vit.layers._backward import tied_to_upstream
 from keras_vit.layers._checks import positive_int
 from keras_vit.layers._checks import rate as check_rate
 from keras_vit.layers.attention import MultiHeadSelfAttention
@@ -95,14 +96,8 @@ def gelu_dense(x, kernel, bias, approximate=False):
         def grad(*args, upstream=None):
             if upstream is None:
                 (upstream,) = args
-            # x + 0 * (an element of upstream): the same numbers, but the
-            # recomputation now waits for the backward pass. Computed from x
-            # alone, XLA's scheduler and TensorFlow's executor run it as soon
-            # as x exists, and keep its two results through the forward pass.
-            # (A non-finite upstream gives non-finite gradients either way.)
-            anchor = 0.0 * ops.cast(upstream[:1, :1], "float32")
             value, derivative = _gelu_value_and_derivative(
-                ops.cast(x, "float32") + anchor, approximate
+                tied_to_upstream(x, upstream), approximate
             )
             d_kernel = ops.matmul(ops.transpose(ops.cast(value, upstream.dtype)), upstream)
             d_value = ops.matmul(upstream, ops.transpose(kernel))
