@@ -19,16 +19,27 @@ _ISAS_WITHOUT_BFLOAT16 = _ISAS_WITHOUT_AVX512 | {"AVX512_CORE", "AVX512_CORE_VNN
 _BFLOAT16_FLAGS = {"avx512_bf16", "amx_bf16"}
 
 
-def cpu_flags(path="/proc/cpuinfo"):
-    """The CPU's feature flags as Linux lists them; empty where it cannot be read."""
+def _cpuinfo_field(names, path="/proc/cpuinfo"):
+    """The first CPU's value of the first of `names` in `path`; "" where it cannot be read."""
     try:
         with open(path) as handle:
             for line in handle:
-                if line.startswith(("flags", "Features")):
-                    return set(line.split(":", 1)[1].split())
+                key, _, value = line.partition(":")
+                if key.strip() in names:
+                    return value.strip()
     except OSError:
         pass
-    return set()
+    return ""
+
+
+def cpu_flags(path="/proc/cpuinfo"):
+    """The CPU's feature flags as Linux lists them; empty where it cannot be read."""
+    return set(_cpuinfo_field(("flags", "Features"), path).split())
+
+
+def cpu_vendor(path="/proc/cpuinfo"):
+    """The CPU's vendor as Linux lists it ("GenuineIntel", "AuthenticAMD"); "" where unknown."""
+    return _cpuinfo_field(("vendor_id",), path)
 
 
 def native_bfloat16():
@@ -60,6 +71,21 @@ def onednn_avx512():
     `TF_ENABLE_ONEDNN_OPTS=0`) or capped below AVX-512 (`ONEDNN_MAX_CPU_ISA`).
     """
     return _onednn_can_use({"avx512f"}, _ISAS_WITHOUT_AVX512)
+
+
+def graph_mode_predicts_faster():
+    """True where TensorFlow's graph mode predicts a float32 ViT faster than XLA.
+
+    That is an Intel CPU whose oneDNN kernels run AVX-512 (`onednn_avx512`):
+    on a 2-core Xeon with AVX-512 and AMX, graph mode's oneDNN products, fused
+    with their bias, GELU and layer norm, predicted ViT-S/16 about 10% faster
+    than XLA. Everywhere else XLA predicts as fast or faster: on a 2-core AMD
+    EPYC with AVX-512 (Zen 4), where oneDNN is on too, XLA predicted ViT-S/16
+    1.08-1.11x, ViT-B/16 1.00x and ViT-S/16 384 1.02-1.03x as fast as graph
+    mode; on one with AVX2 only (Zen 3), where oneDNN is off, 1.2-1.5x
+    (docs/performance.md, "Two CPUs" and "A third CPU").
+    """
+    return onednn_avx512() and cpu_vendor() == "GenuineIntel"
 
 
 # The CPU features for which TensorFlow turns its oneDNN kernels on by default

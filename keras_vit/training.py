@@ -125,13 +125,16 @@ def compile_model(
     CPUs too, where XLA trains ViT-S/16 about 8% faster than TensorFlow's graph
     mode and the digits model of `keras-vit train` 2.5x faster (docs/performance.md).
     It stays off under a tf.distribute strategy with several replicas, as in Keras.
-    On a TensorFlow machine without GPU or TPU whose CPU has AVX-512, "auto"
-    leaves `predict` and `evaluate` to TensorFlow's graph mode: its oneDNN
-    kernels (with the fused layer norm of `keras_vit.layers.LayerNorm`) run
-    ViT-S/16 inference about 10% faster than XLA there. On a CPU without
-    AVX-512 (AVX2 only), oneDNN's products are the slower ones and XLA predicts
-    ViT-S/16 and ViT-B/16 1.2-1.5x faster than graph mode, so "auto" compiles
-    them too (docs/performance.md, "Two CPUs"). For models with long
+    On a TensorFlow machine without GPU or TPU whose CPU is an Intel one with
+    AVX-512, "auto" leaves `predict` and `evaluate` to TensorFlow's graph mode:
+    its oneDNN kernels (with the fused layer norm of
+    `keras_vit.layers.LayerNorm`) run ViT-S/16 inference about 10% faster than
+    XLA there. Elsewhere XLA predicts as fast or faster, so "auto" compiles
+    them too: on an AMD EPYC with AVX2 only, where oneDNN's products are the
+    slower ones, XLA predicts ViT-S/16 and ViT-B/16 1.2-1.5x faster than graph
+    mode, and on one with AVX-512 (Zen 4) ViT-S/16 1.08-1.11x
+    (`keras_vit._cpu.graph_mode_predicts_faster`; docs/performance.md, "Two
+    CPUs" and "A third CPU"). For models with long
     sequences (from `keras_vit.layers.attention.PER_HEAD_MIN_TOKENS` = 512
     tokens, such as 16-pixel patches at 384 x 384) such a machine trains in
     graph mode, whose attention then runs one (image, head) pair at a time:
@@ -235,8 +238,8 @@ def plan_xla(model, jit_compile="auto", streams=1):
     if jit_compile != "auto" or not _cpu.cpu_only_tensorflow():
         return train_xla, train_xla
     if not _cpu.computes_in_bfloat16(model):
-        # oneDNN's float32 products are fast with AVX-512; below it XLA's are faster.
-        infer_xla = train_xla and not _cpu.onednn_avx512()
+        # oneDNN's float32 products predict faster on Intel's AVX-512; elsewhere XLA's.
+        infer_xla = train_xla and not _cpu.graph_mode_predicts_faster()
         if streams == 1 and runs_per_head(model):
             # Long sequences: graph mode's per-head attention trains faster than XLA.
             return False, infer_xla

@@ -293,7 +293,7 @@ def test_runner_compiles_keras_vit_with_compile_models_plan(monkeypatch, avx512)
     """The bench's keras_vit contender runs as keras_vit.training.compile_fast plans it."""
     from keras_vit import _cpu
 
-    monkeypatch.setattr(_cpu, "onednn_avx512", lambda: avx512)
+    monkeypatch.setattr(_cpu, "graph_mode_predicts_faster", lambda: avx512)
     runner = load_benchmark_script("runner")
     arch = (16, 32, 64, 2, 2)  # patch, width, MLP width, heads, blocks
     contender = runner.KerasContender(runner.build_keras_vit, arch, 32, 2, {})

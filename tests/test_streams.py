@@ -102,11 +102,11 @@ def test_use_streams_one_undoes_and_recompile_resets(tiny_config):
 
 
 def test_use_streams_one_restores_the_overrides_it_replaced(tiny_config, monkeypatch):
-    # compile_model on a CPU-only machine with AVX-512 predicts in graph mode
+    # compile_model on a CPU-only Intel machine with AVX-512 predicts in graph mode
     # (inference_without_xla); streams and their undo must not lose that.
     from keras_vit import _cpu
 
-    monkeypatch.setattr(_cpu, "onednn_avx512", lambda: True)
+    monkeypatch.setattr(_cpu, "graph_mode_predicts_faster", lambda: True)
     model = keras_vit.VisionTransformer(**{**tiny_config, "num_classes": 5})
     training.compile_model(model, total_steps=4)
     graph_predict = vars(model)["make_predict_function"]
@@ -171,7 +171,7 @@ def test_compile_fast_predicts_in_two_xla_parts_without_configured_streams(monke
     from keras_vit import _cpu
 
     monkeypatch.setattr(_cpu, "cpu_only_tensorflow", lambda: True)
-    monkeypatch.setattr(_cpu, "onednn_avx512", lambda: False)  # XLA inference
+    monkeypatch.setattr(_cpu, "graph_mode_predicts_faster", lambda: False)  # XLA inference
     x = np.array([[1.0], [2.0], [3.0], [4.0], [6.0]], "float32")
     y = np.zeros((5, 1), "float32")
     whole, cut = [3.2] * 5, [2, 2, 2, 5, 5]  # the batch mean, of all rows or of each part
@@ -184,7 +184,7 @@ def test_compile_fast_predicts_in_two_xla_parts_without_configured_streams(monke
     np.testing.assert_allclose(model.train_on_batch(x, y), 3.2**2, rtol=1e-6)
     # Not cut: graph-mode inference, streams=1 asked for, jit_compile=False.
     for patch, kwargs in ((True, {}), (False, {"streams": 1}), (False, {"jit_compile": False})):
-        monkeypatch.setattr(_cpu, "onednn_avx512", lambda patch=patch: patch)
+        monkeypatch.setattr(_cpu, "graph_mode_predicts_faster", lambda patch=patch: patch)
         training.compile_fast(model, keras.optimizers.SGD(0.0), "mse", **kwargs)
         assert streams.parts(model) == (1, 1)
         np.testing.assert_allclose(model.predict(x, verbose=0)[:, 0], whole, rtol=1e-6)
@@ -273,7 +273,7 @@ def test_compile_fast_limits_the_tokens_of_inference_parts(tiny_config, monkeypa
     from keras_vit import _cpu
 
     monkeypatch.setattr(_cpu, "cpu_only_tensorflow", lambda: True)
-    monkeypatch.setattr(_cpu, "onednn_avx512", lambda: False)  # XLA inference
+    monkeypatch.setattr(_cpu, "graph_mode_predicts_faster", lambda: False)  # XLA inference
     model = keras_vit.VisionTransformer(**{**tiny_config, "num_classes": 5})
     training.compile_fast(model, keras.optimizers.SGD(0.0), "mse")
     assert streams.parts(model) == (1, 2)

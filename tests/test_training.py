@@ -159,12 +159,14 @@ def _inference_xla(monkeypatch, model, kind):
 
 
 @pytest.mark.parametrize("avx512", [True, False])
-def test_compile_model_auto_predicts_in_graph_mode_on_avx512_cpus(tiny_config, monkeypatch, avx512):
-    """AVX-512 (oneDNN's fast products): graph-mode inference; AVX2 only: XLA."""
+def test_compile_model_auto_predicts_in_graph_mode_where_it_is_faster(
+    tiny_config, monkeypatch, avx512
+):
+    """Intel with AVX-512 (oneDNN's fast products): graph-mode inference; elsewhere XLA."""
     import keras_vit
     from keras_vit import _cpu
 
-    monkeypatch.setattr(_cpu, "onednn_avx512", lambda: avx512)
+    monkeypatch.setattr(_cpu, "graph_mode_predicts_faster", lambda: avx512)
     model = keras_vit.VisionTransformer(**tiny_config)
     training.compile_model(model, total_steps=10)
     assert model.jit_compile is True
@@ -202,7 +204,7 @@ def test_compile_model_auto_trains_long_sequences_in_graph_mode(
     import keras_vit
     from keras_vit import _cpu
 
-    monkeypatch.setattr(_cpu, "onednn_avx512", lambda: avx512)
+    monkeypatch.setattr(_cpu, "graph_mode_predicts_faster", lambda: avx512)
     model = keras_vit.VisionTransformer(**tiny_config)
     assert training.plan_xla(model) == (False, not avx512)
     assert training.plan_xla(model, streams=2) == (True, not avx512)  # the parts: graph mode
@@ -289,6 +291,29 @@ def test_onednn_avx512_reads_the_cpu_flags_and_onednn_settings(monkeypatch):
     assert _cpu.onednn_avx512() is False
 
 
+def test_graph_mode_predicts_faster_on_intel_cpus_with_onednn_avx512(tmp_path, monkeypatch):
+    from keras_vit import _cpu
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(
+        "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\n"
+        "flags\t\t: fpu avx2 avx512f avx512_bf16\n\nprocessor\t: 1\nvendor_id\t: GenuineIntel\n"
+    )
+    assert _cpu.cpu_vendor(str(cpuinfo)) == "AuthenticAMD"  # the first CPU's
+    assert _cpu.cpu_flags(str(cpuinfo)) == {"fpu", "avx2", "avx512f", "avx512_bf16"}
+    assert _cpu.cpu_vendor(str(tmp_path / "missing")) == ""
+    assert _cpu.cpu_flags(str(tmp_path / "missing")) == set()
+    for avx512, vendor, expected in [
+        (True, "GenuineIntel", True),  # the Xeon of docs/performance.md
+        (True, "AuthenticAMD", False),  # EPYC Zen 4: XLA predicts faster
+        (False, "GenuineIntel", False),  # no oneDNN, or no AVX-512
+        (True, "", False),  # unreadable /proc/cpuinfo
+    ]:
+        monkeypatch.setattr(_cpu, "onednn_avx512", lambda avx512=avx512: avx512)
+        monkeypatch.setattr(_cpu, "cpu_vendor", lambda vendor=vendor: vendor)
+        assert _cpu.graph_mode_predicts_faster() is expected
+
+
 def test_native_bfloat16_reads_the_cpu_flags_and_onednn_settings(tmp_path, monkeypatch):
     from keras_vit import _cpu
 
@@ -344,7 +369,7 @@ def test_compile_model_auto_runs_bfloat16_where_the_cpu_runs_it_fast(
     assert model.jit_compile is True
     assert any("bfloat16" in str(w.message) for w in caught) is not native
     # float32 models and an explicit jit_compile are left as they were.
-    monkeypatch.setattr(_cpu, "onednn_avx512", lambda: True)
+    monkeypatch.setattr(_cpu, "graph_mode_predicts_faster", lambda: True)
     float32 = keras_vit.VisionTransformer(**tiny_config)
     training.compile_model(float32, total_steps=10)
     assert float32.jit_compile is True
@@ -361,7 +386,7 @@ def test_compile_fast_gives_your_optimizer_and_loss_compile_models_plan(
     import keras_vit
     from keras_vit import _cpu
 
-    monkeypatch.setattr(_cpu, "onednn_avx512", lambda: avx512)
+    monkeypatch.setattr(_cpu, "graph_mode_predicts_faster", lambda: avx512)
     model = keras_vit.VisionTransformer(**tiny_config)
     optimizer = keras.optimizers.SGD(0.05, momentum=0.9)
     loss = keras.losses.CategoricalCrossentropy(from_logits=True)
