@@ -139,8 +139,10 @@ def compile_model(
     tokens, such as 16-pixel patches at 384 x 384) such a machine trains in
     graph mode, whose attention then runs one (image, head) pair at a time:
     ViT-S/16 384 trained 1.5-1.7x faster than with XLA on a 2-core EPYC
-    (docs/performance.md, "Long sequences"). `jit_compile=True` compiles
-    all three.
+    (docs/performance.md, "Long sequences"). Where oneDNN runs AVX-512 (Intel
+    or AMD) such a model predicts in graph mode too: on the Zen 4 EPYC as fast
+    as with XLA, and the process, which then compiles no XLA program, peaked
+    0.2 GB lower. `jit_compile=True` compiles all three.
 
     A model that computes in bfloat16 (`dtype="mixed_bfloat16"`, or the policy
     `keras-vit train --mixed-precision` sets on CPUs) changes "auto" on a
@@ -241,8 +243,10 @@ def plan_xla(model, jit_compile="auto", streams=1):
         # oneDNN's float32 products predict faster on Intel's AVX-512; elsewhere XLA's.
         infer_xla = train_xla and not _cpu.graph_mode_predicts_faster()
         if streams == 1 and runs_per_head(model):
-            # Long sequences: graph mode's per-head attention trains faster than XLA.
-            return False, infer_xla
+            # Long sequences: graph mode's per-head attention trains faster than
+            # XLA; where oneDNN runs AVX-512 it predicts as fast, and a process
+            # without any XLA program peaks lower.
+            return False, infer_xla and not _cpu.onednn_avx512()
         return train_xla, infer_xla
     if _cpu.native_bfloat16():
         # Graph mode's oneDNN kernels use the CPU's bfloat16 instructions; with

@@ -196,22 +196,27 @@ def test_compile_model_auto_predicts_in_graph_mode_where_it_is_faster(
         training.inference_without_xla("model.keras")
 
 
-@pytest.mark.parametrize("avx512", [True, False])
+@pytest.mark.parametrize("cpu", ["intel-avx512", "amd-avx512", "avx2"])
 def test_compile_model_auto_trains_long_sequences_in_graph_mode(
-    tiny_config, monkeypatch, per_head_calls, avx512
+    tiny_config, monkeypatch, per_head_calls, cpu
 ):
-    """Per-head attention (here from 2 tokens): the train step leaves XLA, inference as before."""
+    """Per-head attention (here from 2 tokens): the train step leaves XLA, and
+    inference too wherever oneDNN runs AVX-512 (Intel's or AMD's)."""
     import keras_vit
     from keras_vit import _cpu
 
-    monkeypatch.setattr(_cpu, "graph_mode_predicts_faster", lambda: avx512)
+    monkeypatch.setattr(_cpu, "graph_mode_predicts_faster", lambda: cpu == "intel-avx512")
+    monkeypatch.setattr(_cpu, "onednn_avx512", lambda: cpu != "avx2")
+    graph_inference = cpu != "avx2"
     model = keras_vit.VisionTransformer(**tiny_config)
-    assert training.plan_xla(model) == (False, not avx512)
-    assert training.plan_xla(model, streams=2) == (True, not avx512)  # the parts: graph mode
+    assert training.plan_xla(model) == (False, not graph_inference)
+    # With streams the training parts run in graph mode and only the update is XLA.
+    short_rule = cpu != "intel-avx512"
+    assert training.plan_xla(model, streams=2) == (True, short_rule)
     assert training.plan_xla(model, jit_compile=True) == (True, True)
     training.compile_model(model, total_steps=10)
     assert not any(_xla_requests(monkeypatch, model.make_train_function))
-    assert _inference_xla(monkeypatch, model, "predict") is not avx512
+    assert _inference_xla(monkeypatch, model, "predict") is not graph_inference
     size = tiny_config["image_size"]
     images = np.random.default_rng(0).uniform(-1, 1, (2, size, size, 3)).astype("float32")
     labels = keras.utils.to_categorical([0, 1], tiny_config["num_classes"])
@@ -219,14 +224,14 @@ def test_compile_model_auto_trains_long_sequences_in_graph_mode(
     model.train_on_batch(images, labels)
     assert len(per_head_calls) > count  # the graph-mode step took the per-head core
     training.training_without_xla(model, False)  # undone: the model's jit_compile again
-    assert model.jit_compile is not avx512
-    assert any(_xla_requests(monkeypatch, model.make_train_function)) is not avx512
+    assert model.jit_compile is not graph_inference
+    assert any(_xla_requests(monkeypatch, model.make_train_function)) is not graph_inference
     with pytest.raises(ValueError, match="keras.Model"):
         training.training_without_xla("model.keras")
-    # Short sequences keep XLA training.
+    # Short sequences keep XLA training, and predict in graph mode on Intel's AVX-512 only.
     short = keras_vit.VisionTransformer(**{**tiny_config, "patch_size": 32})  # 2 tokens: 1 + 1
     monkeypatch.setattr("keras_vit.layers.attention.PER_HEAD_MIN_TOKENS", 3)
-    assert training.plan_xla(short) == (True, not avx512)
+    assert training.plan_xla(short) == (True, short_rule)
 
 
 def test_onednn_enabled_asks_tensorflow_and_honours_the_setting(monkeypatch):
