@@ -81,8 +81,8 @@ def graph_mode_predicts_faster():
     with their bias, GELU and layer norm, predicted ViT-S/16 about 10% faster
     than XLA. Everywhere else XLA predicts as fast or faster: on a 2-core AMD
     EPYC with AVX-512 (Zen 4), where oneDNN is on too, XLA predicted ViT-S/16
-    1.08-1.11x, ViT-B/16 1.00x and ViT-S/16 384 1.02-1.03x as fast as graph
-    mode; on one with AVX2 only (Zen 3), where oneDNN is off, 1.2-1.5x
+    1.08-1.11x as fast as graph mode, and ViT-B/16 and ViT-S/16 384 level
+    (0.97-1.03x); on one with AVX2 only (Zen 3), where oneDNN is off, 1.2-1.5x
     (docs/performance.md, "Two CPUs" and "A third CPU").
     """
     return onednn_avx512() and cpu_vendor() == "GenuineIntel"
