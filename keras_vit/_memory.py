@@ -19,6 +19,12 @@ environment keeps malloc. The pool's cap (`TF_CPU_BFC_MEM_LIMIT_IN_MB`,
 64 GB by TensorFlow's default) is raised or lowered to the machine's physical
 memory, unless set. The pool grows as the process needs memory and does not
 shrink: the process keeps its peak resident set until it exits.
+
+Where TensorFlow runs oneDNN (its default on CPUs with AVX512_VNNI,
+AVX512_BF16, AVX-VNNI or AMX, or `TF_ENABLE_ONEDNN_OPTS=1`), it allocates CPU
+tensors through oneDNN's own allocator, which pools as well, and the setting
+changes nothing: malloc then needs `TF_ENABLE_ONEDNN_OPTS=0` too (seen on an
+AMD EPYC with AVX-512).
 """
 
 import os

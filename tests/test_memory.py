@@ -50,5 +50,12 @@ def _pooled_in_a_fresh_process(**env):
 
 def test_importing_keras_vit_turns_the_pool_on_and_the_user_can_turn_it_off():
     pytest.importorskip("tensorflow")
-    assert _pooled_in_a_fresh_process() == "True"
-    assert _pooled_in_a_fresh_process(**{_memory.POOL_ENV: "false"}) == "False"
+    # The setting governs TensorFlow's own CPU allocator, which it uses where
+    # oneDNN is off (TensorFlow's default on CPUs without VNNI or AMX).
+    without_onednn = {"TF_ENABLE_ONEDNN_OPTS": "0"}
+    assert _pooled_in_a_fresh_process(**without_onednn) == "True"
+    assert _pooled_in_a_fresh_process(**{_memory.POOL_ENV: "false"}, **without_onednn) == "False"
+    # With oneDNN on, TensorFlow allocates through oneDNN's allocator, a pool
+    # whatever the setting says (found on an AMD EPYC with AVX-512).
+    with_onednn = {"TF_ENABLE_ONEDNN_OPTS": "1", _memory.POOL_ENV: "false"}
+    assert _pooled_in_a_fresh_process(**with_onednn) == "True"
