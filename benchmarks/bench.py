@@ -53,9 +53,9 @@ from runner import ARCHITECTURES, NUM_CLASSES  # noqa: E402
 # Display name -> (runner contender, extra environment, runner options).
 CONTENDERS = {
     # As keras_vit.training.compile_model compiles by default: XLA for the train
-    # step; on a machine without GPU/TPU, predict in graph mode where the CPU
-    # has AVX-512 and with XLA where it has not, each batch then run as two
-    # XLA programs at once (one per half).
+    # step; on a machine without GPU/TPU, predict in graph mode on Intel CPUs
+    # with AVX-512 and with XLA elsewhere, each batch then run as XLA programs
+    # on its parts, two at once (plan_xla has the long-sequence exceptions).
     "keras_vit": ("keras_vit", {"KERAS_BACKEND": "tensorflow"}, {"jit": "auto"}),
     "keras_vit[xla]": ("keras_vit", {"KERAS_BACKEND": "tensorflow"}, {"jit": "1"}),
     "keras_vit[jax]": ("keras_vit", {"KERAS_BACKEND": "jax"}, {"jit": "1"}),

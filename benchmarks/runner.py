@@ -94,8 +94,9 @@ def build_keras_vit(arch, image_size, options):
     )
     # "auto": as keras_vit.training.compile_model decides (plan_xla): on a
     # TensorFlow machine without GPU/TPU, XLA for the float32 train step, and
-    # graph mode for inference where the CPU has AVX-512 (XLA where it has
-    # not); graph-mode training from 512 tokens (384 x 384); bfloat16 in graph
+    # graph mode for inference on Intel CPUs with AVX-512 (XLA elsewhere);
+    # graph-mode training from 512 tokens (384 x 384), and inference too where
+    # oneDNN runs AVX-512; bfloat16 in graph
     # mode where the CPU has it. compile_fast is compile_model's plan for the
     # bench's own optimizer and loss; it also builds the optimizer's slots and,
     # with streams configured, cuts each batch into parts (use_streams).
