@@ -246,7 +246,7 @@ def plan_xla(model, jit_compile="auto", streams=1):
             # Long sequences: graph mode's per-head attention trains faster than
             # XLA; where oneDNN runs AVX-512 it predicts as fast, and a process
             # without any XLA program peaks lower.
-            return False, infer_xla and not _cpu.onednn_avx512()
+            return False, train_xla and not _cpu.onednn_avx512()
         return train_xla, infer_xla
     if _cpu.native_bfloat16():
         # Graph mode's oneDNN kernels use the CPU's bfloat16 instructions; with

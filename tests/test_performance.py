@@ -288,12 +288,12 @@ def test_bench_dtype_reaches_the_contenders_and_the_limit(capsys):
 
 
 @pytest.mark.tensorflow_only
-@pytest.mark.parametrize("avx512", [True, False])
-def test_runner_compiles_keras_vit_with_compile_models_plan(monkeypatch, avx512):
+@pytest.mark.parametrize("graph_predicts", [True, False])
+def test_runner_compiles_keras_vit_with_compile_models_plan(monkeypatch, graph_predicts):
     """The bench's keras_vit contender runs as keras_vit.training.compile_fast plans it."""
     from keras_vit import _cpu
 
-    monkeypatch.setattr(_cpu, "graph_mode_predicts_faster", lambda: avx512)
+    monkeypatch.setattr(_cpu, "graph_mode_predicts_faster", lambda: graph_predicts)
     runner = load_benchmark_script("runner")
     arch = (16, 32, 64, 2, 2)  # patch, width, MLP width, heads, blocks
     contender = runner.KerasContender(runner.build_keras_vit, arch, 32, 2, {})
@@ -302,7 +302,7 @@ def test_runner_compiles_keras_vit_with_compile_models_plan(monkeypatch, avx512)
     # more for batches of more than 3200 tokens), two at once.
     inference = (
         "graph-mode inference"
-        if avx512
+        if graph_predicts
         else "XLA inference, inference in 2 parts or more, of at most 1600 tokens"
     )
     assert f"float32, XLA training, {inference}, pooled CPU memory" in contender.description
@@ -310,7 +310,7 @@ def test_runner_compiles_keras_vit_with_compile_models_plan(monkeypatch, avx512)
     # Both replace the model's predict-function maker (a graph-mode function
     # that calls the halves' XLA programs), and keep the train step's.
     assert "make_predict_function" in vars(model)
-    assert ("predict_step" in vars(model)) is not avx512
+    assert ("predict_step" in vars(model)) is not graph_predicts
     assert "make_train_function" not in vars(model) and "train_step" not in vars(model)
     slots = [id(v) for v in model.optimizer.variables]
     assert contender.infer().shape == (2, runner.NUM_CLASSES)

@@ -158,21 +158,21 @@ def _inference_xla(monkeypatch, model, kind):
     return any(called)
 
 
-@pytest.mark.parametrize("avx512", [True, False])
+@pytest.mark.parametrize("graph_predicts", [True, False])
 def test_compile_model_auto_predicts_in_graph_mode_where_it_is_faster(
-    tiny_config, monkeypatch, avx512
+    tiny_config, monkeypatch, graph_predicts
 ):
     """Intel with AVX-512 (oneDNN's fast products): graph-mode inference; elsewhere XLA."""
     import keras_vit
     from keras_vit import _cpu
 
-    monkeypatch.setattr(_cpu, "graph_mode_predicts_faster", lambda: avx512)
+    monkeypatch.setattr(_cpu, "graph_mode_predicts_faster", lambda: graph_predicts)
     model = keras_vit.VisionTransformer(**tiny_config)
     training.compile_model(model, total_steps=10)
     assert model.jit_compile is True
     assert any(_xla_requests(monkeypatch, model.make_train_function))
-    assert _inference_xla(monkeypatch, model, "predict") is not avx512
-    assert _inference_xla(monkeypatch, model, "test") is not avx512
+    assert _inference_xla(monkeypatch, model, "predict") is not graph_predicts
+    assert _inference_xla(monkeypatch, model, "test") is not graph_predicts
     assert model.jit_compile is True
     # jit_compile=False leaves all three in graph mode, whatever the CPU.
     training.compile_model(model, total_steps=10, jit_compile=False)
@@ -384,14 +384,14 @@ def test_compile_model_auto_runs_bfloat16_where_the_cpu_runs_it_fast(
     assert _inference_xla(monkeypatch, model, "predict")
 
 
-@pytest.mark.parametrize("avx512", [True, False])
+@pytest.mark.parametrize("graph_predicts", [True, False])
 def test_compile_fast_gives_your_optimizer_and_loss_compile_models_plan(
-    tiny_config, monkeypatch, avx512
+    tiny_config, monkeypatch, graph_predicts
 ):
     import keras_vit
     from keras_vit import _cpu
 
-    monkeypatch.setattr(_cpu, "graph_mode_predicts_faster", lambda: avx512)
+    monkeypatch.setattr(_cpu, "graph_mode_predicts_faster", lambda: graph_predicts)
     model = keras_vit.VisionTransformer(**tiny_config)
     optimizer = keras.optimizers.SGD(0.05, momentum=0.9)
     loss = keras.losses.CategoricalCrossentropy(from_logits=True)
@@ -403,8 +403,8 @@ def test_compile_fast_gives_your_optimizer_and_loss_compile_models_plan(
     assert optimizer.built  # slots made now, not while the first step is traced
     # The same plan as compile_model: XLA training, XLA inference only below AVX-512.
     assert any(_xla_requests(monkeypatch, model.make_train_function))
-    assert _inference_xla(monkeypatch, model, "predict") is not avx512
-    assert _inference_xla(monkeypatch, model, "test") is not avx512
+    assert _inference_xla(monkeypatch, model, "predict") is not graph_predicts
+    assert _inference_xla(monkeypatch, model, "test") is not graph_predicts
     size = tiny_config["image_size"]
     rng = np.random.default_rng(0)
     images = rng.uniform(-1, 1, (4, size, size, 3)).astype("float32")
@@ -421,7 +421,7 @@ def test_compile_fast_gives_your_optimizer_and_loss_compile_models_plan(
     # No optimizer: evaluation only, still with the plan's inference.
     training.compile_fast(model, None, loss, metrics=["accuracy"])
     assert model.optimizer is None
-    assert _inference_xla(monkeypatch, model, "test") is not avx512
+    assert _inference_xla(monkeypatch, model, "test") is not graph_predicts
     assert np.isfinite(model.evaluate(images, labels, verbose=0)).all()
     with pytest.raises(ValueError, match="keras.Model"):
         training.compile_fast("model.keras", optimizer, loss)
