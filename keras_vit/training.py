@@ -16,7 +16,7 @@ import signal
 
 import keras
 
-from keras_vit import _cpu
+from keras_vit import _cpu, _memory
 from keras_vit.layers._checks import positive_int
 from keras_vit.layers.attention import runs_per_head
 from keras_vit.models import model_image_size
@@ -194,10 +194,13 @@ def compile_fast(
     `model.compile(...)` on a CPU-only machine leaves all three without XLA.
     `optimizer=None` compiles for `evaluate` and `predict` only.
     `kwargs` go to `model.compile` (`steps_per_execution`, `loss_weights`, ...).
-    Returns `model`.
+    It also starts the thread that hands the memory compiling frees back to
+    the system (`keras_vit._memory.return_freed_memory`; off with
+    `KERAS_VIT_RETURN_FREED_MEMORY=0`). Returns `model`.
     """
     if not isinstance(model, keras.Model):
         raise ValueError(f"`model` must be a keras.Model. Received: model={model!r}")
+    _memory.return_freed_memory()  # compiling leaves freed heap memory resident
     if streams == "auto":
         single = _cpu.cpu_only_tensorflow() and model.distribute_strategy.num_replicas_in_sync == 1
         streams = configured_streams() if single else 1
