@@ -76,9 +76,7 @@ def test_the_loop_trims_when_the_resident_set_has_grown_by_the_threshold():
     # start 1000; +50 (no); +120 over the low (trim, then 1040 after it); a dip to 990
     # lowers the low; +99 over it (no); +100 over it (trim, then 1000).
     readings = [1000, 1050, 1120, 1040, 990, 1089, 1090, 1000]
-    count = _memory.keep_returning(
-        _readings(readings), trims.append, lambda: True, growth=growth
-    )
+    count = _memory.keep_returning(_readings(readings), trims.append, lambda: True, growth=growth)
     assert count == 2
     assert trims == [0, 0]
 
@@ -142,7 +140,10 @@ def test_freed_heap_pages_are_handed_back_once_the_process_grows(start):
     env = dict(os.environ, KERAS_VIT_SOURCE=source, START="1" if start else "0")
     env.pop("MALLOC_TRIM_THRESHOLD_", None)
     done = subprocess.run(
-        [sys.executable, "-c", _FRAGMENTED_HEAP], env=env, capture_output=True, text=True,
+        [sys.executable, "-c", _FRAGMENTED_HEAP],
+        env=env,
+        capture_output=True,
+        text=True,
         timeout=120,
     )
     assert done.returncode == 0, done.stderr[-2000:]
