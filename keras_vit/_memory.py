@@ -34,8 +34,9 @@ thread checks the resident set four times a second and, each time it has
 grown by 32 MiB since the last look at its low point, asks glibc to hand the
 free pages back (`malloc_trim`). Steady training does not grow the resident
 set, so the thread then only reads `/proc/self/statm`. It lowered the peak
-of a ViT-S/16 224 training process by 0.19 GB and of ViT-B/16 with `remat`
-by 0.17-0.20 GB (docs/performance.md, "Freed memory handed back").
+of ViT-S/16 224 and ViT-B/16 (with and without `remat`) training processes
+by 0.17-0.18 GB, wherever an XLA train step is compiled (docs/performance.md,
+"Freed memory handed back").
 `KERAS_VIT_RETURN_FREED_MEMORY=0` turns it off.
 """
 
