@@ -17,12 +17,37 @@ resumed after `skip` steps sees exactly the batches that an uninterrupted run
 would have seen: the augmentation seeds are drawn by position in the stream.
 """
 
+import numbers
 import os
 
 import numpy as np
 
+from keras_vit.layers._checks import one_of
+
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
 DIGITS = "digits"
+SPLITS = ("validation", "train")
+
+
+def _fraction(name, value, high_inclusive=False):
+    """Return `value` if it is a number in (0, 1) (or (0, 1]), else raise a ValueError."""
+    interval = "(0, 1]" if high_inclusive else "(0, 1)"
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, numbers.Real)
+        or not (0 < value < 1 or (high_inclusive and value == 1))
+    ):
+        raise ValueError(f"`{name}` must be a number in {interval}. Received: {name}={value!r}")
+    return float(value)
+
+
+def _check_data(data):
+    if not isinstance(data, Data):
+        raise TypeError(
+            "`data` must be a keras_vit.data.Data (from load() or from_arrays()). "
+            f"Received: data of type {type(data).__name__}"
+        )
+    return data
 
 
 def _tf():
@@ -311,14 +336,27 @@ def train_pipeline(
         seed: seed of the shuffle and of the augmentation.
         skip_steps: batches to leave out at the start (resuming a run).
         flip: random horizontal flips.
-        crop_scale: smallest area fraction of the random resized crop; None for no crop.
+        crop_scale: smallest area fraction of the random resized crop, in (0, 1];
+            None for no crop.
         rand_augment: apply `keras.layers.RandAugment` (per batch).
         mixup, cutmix: apply `keras.layers.MixUp` / `keras.layers.CutMix` (per batch).
         cache: cache the decoded images in memory.
         deterministic: the same batches, in the same order, on every run.
     """
     tf = _tf()
+    _check_data(data)
     _check_batch_size(batch_size)
+    if crop_scale is not None:
+        crop_scale = _fraction("crop_scale", crop_scale, high_inclusive=True)
+    if (
+        isinstance(skip_steps, bool)
+        or not isinstance(skip_steps, numbers.Integral)
+        or skip_steps < 0
+    ):
+        raise ValueError(
+            f"`skip_steps` must be a non-negative integer. Received: skip_steps={skip_steps!r}"
+        )
+    skip_steps = int(skip_steps)
     source = data.train.cache() if cache else data.train
     stream = source.shuffle(
         min(data.train_size, 50_000), seed=seed, reshuffle_each_iteration=True
@@ -367,9 +405,14 @@ def _batch_augmenters(rand_augment, mixup, cutmix, seed):
 
 
 def eval_pipeline(data, batch_size, cache=True, split="validation"):
-    """Batches of (scaled image, one-hot label) of the validation split, in order."""
+    """Batches of (scaled image, one-hot label) of one split, in order.
+
+    `split` is "validation" (default) or "train".
+    """
     tf = _tf()
+    _check_data(data)
     _check_batch_size(batch_size)
+    one_of("split", split, SPLITS)
     source = data.validation if split == "validation" else data.train
     if cache:
         source = source.cache()
@@ -383,6 +426,8 @@ def eval_pipeline(data, batch_size, cache=True, split="validation"):
 
 def steps_per_epoch(data, batch_size):
     """Batches in one pass over the training set (at least 1)."""
+    _check_data(data)
+    _check_batch_size(batch_size)
     return max(1, data.train_size // batch_size)
 
 
@@ -392,4 +437,6 @@ def _check_batch_size(batch_size):
         or not isinstance(batch_size, (int, np.integer))
         or batch_size < 1
     ):
-        raise ValueError(f"`batch_size` must be a positive integer. Received: {batch_size!r}")
+        raise ValueError(
+            f"`batch_size` must be a positive integer. Received: batch_size={batch_size!r}"
+        )
