@@ -22,7 +22,7 @@ import os
 
 import numpy as np
 
-from keras_vit.layers._checks import one_of
+from keras_vit.layers._checks import one_of, positive_int
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
 DIGITS = "digits"
@@ -98,32 +98,156 @@ def digits_arrays(image_size=32, seed=0, validation_fraction=0.2):
     return resize(x_train), y_train.astype("int32"), resize(x_val), y_val.astype("int32")
 
 
-def from_arrays(x_train, y_train, x_val, y_val, class_names=None):
-    """A `Data` from numpy arrays: uint8 (or [0, 255] float) images NHWC, int labels."""
+def _images(name, x):
+    """`x` as NHWC images of pixel values in [0, 255], checked."""
+    try:
+        x = np.asarray(x)
+    except ValueError as error:  # a ragged nested list
+        raise ValueError(
+            f"`{name}` must be an array of images (N, height, width[, channels]). Received: {error}"
+        ) from None
+    if x.ndim not in (3, 4):
+        raise ValueError(
+            f"`{name}` must be images (N, height, width[, channels]). Received: shape {x.shape}"
+        )
+    if x.ndim == 3:
+        x = x[..., None]
+    if x.shape[1] in (1, 3) and x.shape[-1] not in (1, 3, 4):
+        raise ValueError(
+            f"`{name}` must be channels-last images (N, height, width, channels); shape "
+            f"{x.shape} looks channels-first (N, channels, height, width): transpose it "
+            "with x.transpose(0, 2, 3, 1)"
+        )
+    if len(x) == 0:
+        raise ValueError(f"`{name}` must hold at least one image. Received: shape {x.shape}")
+    if x.dtype.kind not in "uif":
+        raise ValueError(
+            f"`{name}` must be uint8 (or [0, 255] integer or float) pixel values. "
+            f"Received: dtype {x.dtype}"
+        )
+    low, high = x.min(), x.max()
+    if x.dtype.kind == "f" and not (np.isfinite(low) and np.isfinite(high)):
+        raise ValueError(f"`{name}` must be finite pixel values. Received: NaN or infinity")
+    if x.dtype.kind == "f" and -1.01 <= low < 0 and high <= 1.01:
+        raise ValueError(
+            f"`{name}` must be pixel values in [0, 255] (uint8, or float in [0, 255]); it is "
+            "scaled to [-1, 1] here. Received: float values in "
+            f"[{low:.3g}, {high:.3g}], which look already scaled to [-1, 1]: pass the "
+            "unscaled images"
+        )
+    if x.dtype.kind == "f" and low >= 0 and 0 < high <= 1:
+        raise ValueError(
+            f"`{name}` must be pixel values in [0, 255] (uint8, or float in [0, 255]). "
+            f"Received: float values in [{low:.3g}, {high:.3g}], which look scaled to "
+            "[0, 1]: multiply them by 255"
+        )
+    if low < 0 or high > 255:
+        raise ValueError(
+            f"`{name}` must be pixel values in [0, 255] (uint8, or integer or float in "
+            f"[0, 255]). Received: {x.dtype} values in [{low:.6g}, {high:.6g}]"
+        )
+    return x
+
+
+def _labels(name, y):
+    """`y` as int32 class indices of shape (N,), checked."""
+    y = np.asarray(y)
+    if y.ndim == 2 and y.shape[1] == 1:
+        y = y.reshape(-1)
+    if y.ndim != 1:
+        hint = ": one-hot labels? pass y.argmax(-1)" if y.ndim == 2 else ""
+        raise ValueError(
+            f"`{name}` must be class indices of shape (N,) or (N, 1). "
+            f"Received: shape {y.shape}{hint}"
+        )
+    if y.dtype.kind not in "buif":
+        raise ValueError(
+            f"`{name}` must be integer class indices 0, 1, ... (map class names to indices "
+            f"and pass class_names). Received: dtype {y.dtype}"
+            + (f", e.g. {str(y[0])!r}" if len(y) else "")
+        )
+    if y.dtype.kind == "f" and not np.all(np.isfinite(y) & (y == np.round(y))):
+        bad = y[~(np.isfinite(y) & (y == np.round(y)))][0]
+        raise ValueError(
+            f"`{name}` must be integer class indices. Received: float labels such as {float(bad)}"
+        )
+    if len(y) and y.min() < 0:
+        raise ValueError(
+            f"`{name}` must be class indices 0, 1, ... (non-negative). Received: "
+            f"a label {int(y.min())}"
+        )
+    return y.astype("int32")
+
+
+def from_arrays(x_train, y_train, x_val, y_val, class_names=None, image_size=None):
+    """A `Data` from numpy arrays: uint8 (or [0, 255] float) images NHWC, int labels.
+
+    Args:
+        x_train, x_val: images (N, height, width[, channels]) of pixel values in
+            [0, 255]: uint8, or integers or floats in that range (not already
+            scaled to [-1, 1] or [0, 1]). Both must have the same height, width
+            and channels.
+        y_train, y_val: class indices 0, 1, ... of shape (N,) or (N, 1), integers
+            (or floats holding whole numbers).
+        class_names: one name per class; at least max(label) + 1 of them.
+            Default: "0", "1", ... up to the largest label.
+        image_size: when given and the images have another size, they are resized
+            to (image_size, image_size) as `load` resizes folder images.
+    """
+    names = ("x_train", "y_train", "x_val", "y_val")
+    return _from_arrays(x_train, y_train, x_val, y_val, class_names, image_size, names)
+
+
+def _from_arrays(x_train, y_train, x_val, y_val, class_names, image_size, names):
+    """`from_arrays`, naming the four arrays `names` in its errors."""
     tf = _tf()
-    arrays = [np.asarray(a) for a in (x_train, y_train, x_val, y_val)]
-    for name, x in (("x_train", arrays[0]), ("x_test", arrays[2])):
-        if x.ndim not in (3, 4):
-            raise ValueError(
-                f"`{name}` must be images (N, height, width[, channels]). Received: shape {x.shape}"
-            )
-    x_train, x_val = (x[..., None] if x.ndim == 3 else x for x in (arrays[0], arrays[2]))
-    y_train, y_val = (y.reshape(-1).astype("int32") for y in (arrays[1], arrays[3]))
+    x_train, x_val = _images(names[0], x_train), _images(names[2], x_val)
+    y_train, y_val = _labels(names[1], y_train), _labels(names[3], y_val)
+    if x_train.shape[1:] != x_val.shape[1:]:
+        raise ValueError(
+            f"`{names[0]}` and `{names[2]}` must have the same image size and channels. "
+            f"Received: {x_train.shape[1:]} and {x_val.shape[1:]} (height, width, channels)"
+        )
     if len(x_train) != len(y_train) or len(x_val) != len(y_val):
         raise ValueError(
             "Images and labels must have the same length. Received: "
-            f"{len(x_train)} / {len(y_train)} (train), {len(x_val)} / {len(y_val)} (test)"
+            f"{len(x_train)} / {len(y_train)} ({names[0]} / {names[1]}), "
+            f"{len(x_val)} / {len(y_val)} ({names[2]} / {names[3]})"
         )
     num_classes = int(max(y_train.max(), y_val.max())) + 1
     if class_names is None:
         class_names = [str(i) for i in range(num_classes)]
-    return Data(
-        tf.data.Dataset.from_tensor_slices((x_train, y_train)),
-        tf.data.Dataset.from_tensor_slices((x_val, y_val)),
-        class_names,
-        len(x_train),
-        len(x_val),
-    )
+    elif isinstance(class_names, (str, bytes)) or not hasattr(class_names, "__len__"):
+        raise ValueError(
+            f"`class_names` must be a list of names. Received: class_names={class_names!r}"
+        )
+    elif len(class_names) < num_classes:
+        raise ValueError(
+            f"`class_names` must name every class: the labels go up to {num_classes - 1}, "
+            f"so at least {num_classes} names. Received: {len(class_names)} names "
+            f"{list(class_names)[:10]!r}"
+        )
+    train = tf.data.Dataset.from_tensor_slices((x_train, y_train))
+    val = tf.data.Dataset.from_tensor_slices((x_val, y_val))
+    if image_size is not None:
+        size = positive_int("image_size", image_size)
+        if x_train.shape[1:3] != (size, size):
+            train, val = (
+                d.map(
+                    lambda x, y: (_resize(x, size), y),
+                    num_parallel_calls=tf.data.AUTOTUNE,
+                    deterministic=True,
+                )
+                for d in (train, val)
+            )
+    return Data(train, val, class_names, len(x_train), len(x_val))
+
+
+def _resize(image, size):
+    """An image resized to (size, size) with antialiasing, as uint8."""
+    tf = _tf()
+    image = tf.image.resize(image, (size, size), antialias=True)
+    return tf.cast(tf.clip_by_value(tf.round(image), 0, 255), tf.uint8)
 
 
 def _from_npz(path):
