@@ -9,8 +9,12 @@ Sources (`load(spec, ...)`):
   upscaled to `image_size` and repeated to 3 channels; fixed stratified 80/20 split.
 - "tfds:NAME": a TensorFlow Datasets dataset (its "train" split and its
   "validation" or "test" split).
-- a folder with one sub-folder per class of JPEG/PNG/BMP/GIF files.
-- a .npz file holding x_train, y_train, x_test, y_test.
+- a folder with one sub-folder per class of JPEG/PNG/BMP/GIF files, read as RGB
+  and resized to `image_size`; `validation_fraction` of them (at least one) are
+  held out.
+- a .npz file holding x_train, y_train, x_test, y_test (and optionally
+  class_names): images as `from_arrays` takes them, resized to `image_size`
+  when their size differs.
 
 The training stream is infinite (shuffle, repeat, augment, batch), so a run
 resumed after `skip` steps sees exactly the batches that an uninterrupted run
@@ -19,6 +23,7 @@ would have seen: the augmentation seeds are drawn by position in the stream.
 
 import numbers
 import os
+import zipfile
 
 import numpy as np
 
@@ -27,6 +32,7 @@ from keras_vit.layers._checks import one_of, positive_int
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
 DIGITS = "digits"
 SPLITS = ("validation", "train")
+NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
 
 
 def _fraction(name, value, high_inclusive=False):
@@ -79,6 +85,8 @@ def digits_arrays(image_size=32, seed=0, validation_fraction=0.2):
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
+    image_size = positive_int("image_size", image_size)
+    validation_fraction = _fraction("validation_fraction", validation_fraction)
     digits = load_digits()
     images = (digits.images * (255.0 / 16.0)).clip(0, 255).astype("uint8")[..., None]
     x_train, x_val, y_train, y_val = train_test_split(
@@ -250,16 +258,51 @@ def _resize(image, size):
     return tf.cast(tf.clip_by_value(tf.round(image), 0, 255), tf.uint8)
 
 
-def _from_npz(path):
-    with np.load(path) as data:
-        missing = [k for k in ("x_train", "y_train", "x_test", "y_test") if k not in data]
+def _read_npz(path):
+    """The arrays of a .npz file (x_train, y_train, x_test, y_test[, class_names])."""
+    import zlib
+
+    expected = "a .npz archive of x_train, y_train, x_test and y_test (written by np.savez)"
+    if not zipfile.is_zipfile(path):
+        raise ValueError(f"Cannot read {path}: it must be {expected}. Received: not a zip file")
+    try:
+        archive = np.load(path)
+    except (OSError, EOFError, ValueError, zipfile.BadZipFile) as error:
+        raise ValueError(f"Cannot read {path}: it must be {expected}. Received: {error}") from None
+    arrays = {}
+    with archive:
+        missing = [k for k in NPZ_KEYS if k not in archive.files]
         if missing:
             raise ValueError(
-                f"{path} must hold x_train, y_train, x_test and y_test. Missing: {missing}"
+                f"{path} must hold x_train, y_train, x_test and y_test. Missing: {missing} "
+                f"(it holds {archive.files})"
             )
-        arrays = [data[k] for k in ("x_train", "y_train", "x_test", "y_test")]
-        class_names = [str(c) for c in data["class_names"]] if "class_names" in data else None
-    return from_arrays(*arrays, class_names=class_names)
+        for key in NPZ_KEYS + ("class_names",):
+            if key not in archive.files:
+                continue
+            try:
+                arrays[key] = archive[key]
+            except ValueError as error:
+                if "allow_pickle" not in str(error):
+                    raise ValueError(f"Cannot read {key} in {path}: {error}") from None
+                raise ValueError(
+                    f"{key} in {path} holds Python objects (dtype object); it must be a "
+                    "numeric array (class_names: strings). Pickled data is not loaded."
+                ) from None
+            except (OSError, EOFError, zipfile.BadZipFile, zlib.error) as error:
+                raise ValueError(f"Cannot read {key} in {path}: {error}") from None
+    return arrays
+
+
+def _from_npz(path, image_size):
+    arrays = _read_npz(path)
+    class_names = arrays.get("class_names")
+    if class_names is not None:
+        class_names = [str(c) for c in np.asarray(class_names).reshape(-1)]
+    try:
+        return _from_arrays(*(arrays[k] for k in NPZ_KEYS), class_names, image_size, NPZ_KEYS)
+    except ValueError as error:
+        raise ValueError(f"{path}: {error}") from None
 
 
 def list_image_folder(directory, skip_corrupt=False):
@@ -316,14 +359,18 @@ def _from_folder(directory, image_size, seed, validation_fraction, skip_corrupt)
     rng = np.random.default_rng(seed)
     order = rng.permutation(len(paths))
     paths, labels = np.asarray(paths)[order], labels[order]
-    n_val = int(round(len(paths) * validation_fraction))
-    size = image_size
+    if len(paths) < 2:
+        raise ValueError(
+            f"The folder {directory!r} must hold at least 2 readable images (one to train "
+            f"on, one to validate). Received: {len(paths)}"
+        )
+    # At least one image on each side, whatever the fraction rounds to.
+    n_val = min(max(int(round(len(paths) * validation_fraction)), 1), len(paths) - 1)
 
     def read(path, label):
         data = tf.io.read_file(path)
         image = tf.io.decode_image(data, channels=3, expand_animations=False)
-        image = tf.image.resize(image, (size, size), antialias=True)
-        return tf.cast(tf.clip_by_value(tf.round(image), 0, 255), tf.uint8), label
+        return _resize(image, image_size), label
 
     def dataset(p, y):
         return tf.data.Dataset.from_tensor_slices((p, y)).map(
@@ -361,9 +408,7 @@ def _from_tfds(name, image_size, data_dir=None):
     def resize(image, label):
         if image.shape[-1] == 1:
             image = tf.image.grayscale_to_rgb(image)
-        image = tf.image.resize(image, (image_size, image_size), antialias=True)
-        image = tf.cast(tf.clip_by_value(tf.round(image), 0, 255), tf.uint8)
-        return image, tf.cast(label, tf.int32)
+        return _resize(image, image_size), tf.cast(label, tf.int32)
 
     def size(dataset):
         count = int(dataset.cardinality())
@@ -374,9 +419,22 @@ def _from_tfds(name, image_size, data_dir=None):
 
 
 def load(spec=DIGITS, image_size=32, seed=0, validation_fraction=0.2, skip_corrupt=False):
-    """Reads a data source (see the module docstring) as a `Data`."""
+    """Reads a data source (see the module docstring) as a `Data`.
+
+    Args:
+        spec: "digits", "tfds:NAME", a folder of class sub-folders or a .npz file.
+        image_size: a positive int: every source's images come out
+            (image_size, image_size); .npz images of another size are resized.
+        seed: seed of the digits and folder splits.
+        validation_fraction: a number in (0, 1), the share of the digits or of a
+            folder's images held out for validation (a folder keeps at least one
+            image on each side); .npz files and tfds datasets bring their own split.
+        skip_corrupt: leave out, rather than reject, a folder's unreadable images.
+    """
     if not isinstance(spec, str) or not spec:
         raise ValueError(f"`data` must be a non-empty string. Received: data={spec!r}")
+    image_size = positive_int("image_size", image_size)
+    validation_fraction = _fraction("validation_fraction", validation_fraction)
     if spec == DIGITS:
         x_train, y_train, x_val, y_val = digits_arrays(image_size, seed, validation_fraction)
         return from_arrays(x_train, y_train, x_val, y_val, [str(i) for i in range(10)])
@@ -385,7 +443,7 @@ def load(spec=DIGITS, image_size=32, seed=0, validation_fraction=0.2, skip_corru
     if spec.endswith(".npz"):
         if not os.path.isfile(spec):
             raise FileNotFoundError(f"No such .npz file. Received: data={spec!r}")
-        return _from_npz(spec)
+        return _from_npz(spec, image_size)
     if os.path.isdir(spec):
         return _from_folder(spec, image_size, seed, validation_fraction, skip_corrupt)
     raise ValueError(

@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+from PIL import Image
 
 from keras_vit import data
 
@@ -15,6 +16,16 @@ Y = np.arange(12) % 3
 @pytest.fixture(scope="module")
 def small():
     return data.from_arrays(X, Y, X[:4], Y[:4])
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    root = tmp_path_factory.mktemp("folder")
+    for name in ("a", "b"):
+        (root / name).mkdir()
+        for i in range(3):
+            Image.fromarray(X[i]).save(root / name / f"{i}.png")
+    return str(root)
 
 
 @pytest.mark.parametrize(
@@ -51,6 +62,54 @@ def test_from_arrays_accepts_integral_float_labels_and_float_pixels():
     assert d.num_classes == 3 and d.train_size == 12
     d = data.from_arrays(X, Y, X[:4], Y[:4], class_names=["a", "b", "c", "d"])
     assert d.num_classes == 4  # more names than labels: a class without images
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(validation_fraction=1.5), r"validation_fraction.*\(0, 1\).*1.5"),
+        (dict(validation_fraction=-0.5), "validation_fraction"),
+        (dict(validation_fraction=0), "validation_fraction"),
+        (dict(validation_fraction="0.2"), "validation_fraction"),
+        (dict(image_size=0), "image_size.*positive.*0"),
+        (dict(image_size="32"), "image_size.*positive.*'32'"),
+    ],
+)
+@pytest.mark.parametrize("source", ["digits", "folder"])
+def test_load_checks_arguments_for_every_source(source, kwargs, match, folder):
+    spec = folder if source == "folder" else source
+    with pytest.raises(ValueError, match=match):
+        data.load(spec, **kwargs)
+
+
+def test_folder_split_keeps_an_image_on_each_side(folder, tmp_path):
+    d = data.load(folder, image_size=8, validation_fraction=0.01)
+    assert (d.train_size, d.validation_size) == (5, 1)
+    d = data.load(folder, image_size=8, validation_fraction=0.99)
+    assert (d.train_size, d.validation_size) == (1, 5)
+    (tmp_path / "a").mkdir()
+    Image.fromarray(X[0]).save(tmp_path / "a" / "0.png")
+    with pytest.raises(ValueError, match="at least 2 readable images"):
+        data.load(str(tmp_path), image_size=8)
+
+
+def test_npz_errors_name_the_file(tmp_path):
+    garbage = tmp_path / "garbage.npz"
+    garbage.write_bytes(b"not a zip")
+    with pytest.raises(ValueError, match="garbage.npz.*np.savez.*not a zip file"):
+        data.load(str(garbage))
+    objects = tmp_path / "objects.npz"
+    np.savez(objects, x_train=np.array([X[0], "a"], dtype=object), y_train=Y, x_test=X, y_test=Y)
+    with pytest.raises(ValueError, match="x_train in .*objects.npz.*Python objects"):
+        data.load(str(objects))
+    labels = tmp_path / "labels.npz"
+    np.savez(labels, x_train=X, y_train=Y - 1, x_test=X, y_test=Y)
+    with pytest.raises(ValueError, match="labels.npz: `y_train`.*non-negative"):
+        data.load(str(labels))
+    names = tmp_path / "names.npz"
+    np.savez(names, x_train=X, y_train=Y, x_test=X[:4], y_test=Y[:4], class_names=["a"])
+    with pytest.raises(ValueError, match="names.npz: `class_names`"):
+        data.load(str(names))
 
 
 @pytest.mark.parametrize(
