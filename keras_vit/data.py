@@ -28,6 +28,7 @@ import zipfile
 import numpy as np
 
 from keras_vit.layers._checks import one_of, positive_int
+from keras_vit.preprocessing import pixel_range_error
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
 DIGITS = "digits"
@@ -133,27 +134,9 @@ def _images(name, x):
             f"`{name}` must be uint8 (or [0, 255] integer or float) pixel values. "
             f"Received: dtype {x.dtype}"
         )
-    low, high = x.min(), x.max()
-    if x.dtype.kind == "f" and not (np.isfinite(low) and np.isfinite(high)):
-        raise ValueError(f"`{name}` must be finite pixel values. Received: NaN or infinity")
-    if x.dtype.kind == "f" and -1.01 <= low < 0 and high <= 1.01:
-        raise ValueError(
-            f"`{name}` must be pixel values in [0, 255] (uint8, or float in [0, 255]); it is "
-            "scaled to [-1, 1] here. Received: float values in "
-            f"[{low:.3g}, {high:.3g}], which look already scaled to [-1, 1]: pass the "
-            "unscaled images"
-        )
-    if x.dtype.kind == "f" and low >= 0 and 0 < high <= 1:
-        raise ValueError(
-            f"`{name}` must be pixel values in [0, 255] (uint8, or float in [0, 255]). "
-            f"Received: float values in [{low:.3g}, {high:.3g}], which look scaled to "
-            "[0, 1]: multiply them by 255"
-        )
-    if low < 0 or high > 255:
-        raise ValueError(
-            f"`{name}` must be pixel values in [0, 255] (uint8, or integer or float in "
-            f"[0, 255]). Received: {x.dtype} values in [{low:.6g}, {high:.6g}]"
-        )
+    message = pixel_range_error(name, x.dtype, float(x.min()), float(x.max()))
+    if message:
+        raise ValueError(message)
     return x
 
 

@@ -1,4 +1,5 @@
-"""Bad arguments to keras_vit.data: a ValueError (or TypeError) naming the argument."""
+"""Bad arguments to keras_vit.data and keras_vit.preprocess_inputs: a ValueError or TypeError
+naming the argument, what was expected and what was received."""
 
 import numpy as np
 import pytest
@@ -140,3 +141,55 @@ def test_pipelines_check_data_split_and_batch_size(small):
     images, _ = next(iter(data.eval_pipeline(small, 12, split="train")))
     assert images.shape[0] == 12
     assert next(iter(data.train_pipeline(small, 4, crop_scale=1.0)))[0].shape == (4, 8, 8, 3)
+
+
+# keras_vit.preprocess_inputs -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "images, error, match",
+    [
+        (X / 255.0, ValueError, r"images.*\[0, 255\].*look scaled to \[0, 1\]"),
+        (X / 127.5 - 1, ValueError, r"images.*already scaled to \[-1, 1\]"),
+        (X.astype("uint16") * 2, ValueError, "images.*dtype uint16"),
+        (X.astype("int8"), ValueError, "images.*dtype int8"),
+        (X.astype("int32") - 5, ValueError, r"images.*int32 values in \[-5, "),
+        (X.astype("int32") + 5, ValueError, r"images.*int32 values in \[5, 260\]"),
+        (np.full((2, 2), np.nan), ValueError, "images.*finite"),
+        (X > 100, ValueError, "images.*dtype bool"),
+        ("cat.png", TypeError, "images.*cat.png.*load it first"),
+        (None, TypeError, "images=None"),
+        ([[0, 1], [2]], ValueError, "images.*ragged"),
+        (np.array(["a"]), TypeError, "images.*dtype <U1"),
+    ],
+)
+def test_preprocess_inputs_rejects(images, error, match):
+    import keras_vit
+
+    with pytest.raises(error, match=match):
+        keras_vit.preprocess_inputs(images)
+
+
+def test_preprocess_inputs_accepts_pixel_values_and_symbolic_tensors():
+    import keras
+    import tensorflow as tf
+
+    import keras_vit
+
+    scaled = X / 127.5 - 1
+    for images in (X, X.astype("int64"), X.astype("float32"), tf.constant(X, tf.float32)):
+        np.testing.assert_allclose(keras_vit.preprocess_inputs(images), scaled, atol=1e-6)
+    assert keras_vit.preprocess_inputs(np.zeros((1, 2, 2, 3), "float32")).numpy().max() == -1
+    with pytest.raises(ValueError, match="already scaled"):
+        keras_vit.preprocess_inputs(keras_vit.preprocess_inputs(X))  # an eager tensor
+    # Traced or symbolic: values unknown, only the dtype is checked.
+    stream = tf.data.Dataset.from_tensor_slices(X.astype("float32")).batch(4)
+    first = next(iter(stream.map(keras_vit.preprocess_inputs)))
+    np.testing.assert_allclose(first, scaled[:4], atol=1e-6)
+    with pytest.raises(ValueError, match="int8"):
+        tf.data.Dataset.from_tensor_slices(X.astype("int8")).map(keras_vit.preprocess_inputs)
+    traced = tf.function(keras_vit.preprocess_inputs)
+    np.testing.assert_allclose(traced(tf.constant(X, tf.float32)), scaled, atol=1e-6)
+    inputs = keras.Input((8, 8, 3), dtype="uint8")
+    model = keras.Model(inputs, keras_vit.preprocess_inputs(inputs))
+    np.testing.assert_allclose(model(X), scaled, atol=1e-6)
