@@ -9,20 +9,52 @@ Sources (`load(spec, ...)`):
   upscaled to `image_size` and repeated to 3 channels; fixed stratified 80/20 split.
 - "tfds:NAME": a TensorFlow Datasets dataset (its "train" split and its
   "validation" or "test" split).
-- a folder with one sub-folder per class of JPEG/PNG/BMP/GIF files.
-- a .npz file holding x_train, y_train, x_test, y_test.
+- a folder with one sub-folder per class of JPEG/PNG/BMP/GIF files, read as RGB
+  and resized to `image_size`; `validation_fraction` of them (at least one) are
+  held out.
+- a .npz file holding x_train, y_train, x_test, y_test (and optionally
+  class_names): images as `from_arrays` takes them, resized to `image_size`
+  when their size differs.
 
 The training stream is infinite (shuffle, repeat, augment, batch), so a run
 resumed after `skip` steps sees exactly the batches that an uninterrupted run
 would have seen: the augmentation seeds are drawn by position in the stream.
 """
 
+import numbers
 import os
+import zipfile
 
 import numpy as np
 
+from keras_vit.layers._checks import one_of, positive_int
+from keras_vit.preprocessing import pixel_range_error
+
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
 DIGITS = "digits"
+SPLITS = ("validation", "train")
+NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
+
+
+def _fraction(name, value, high_inclusive=False):
+    """Return `value` if it is a number in (0, 1) (or (0, 1]), else raise a ValueError."""
+    interval = "(0, 1]" if high_inclusive else "(0, 1)"
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, numbers.Real)
+        or not (0 < value < 1 or (high_inclusive and value == 1))
+    ):
+        raise ValueError(f"`{name}` must be a number in {interval}. Received: {name}={value!r}")
+    return float(value)
+
+
+def _check_data(data):
+    if not isinstance(data, Data):
+        raise TypeError(
+            "`data` must be a keras_vit.data.Data (from load() or from_arrays()). "
+            f"Received: data of type {type(data).__name__}"
+        )
+    return data
 
 
 def _tf():
@@ -54,6 +86,8 @@ def digits_arrays(image_size=32, seed=0, validation_fraction=0.2):
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
+    image_size = positive_int("image_size", image_size)
+    validation_fraction = _fraction("validation_fraction", validation_fraction)
     digits = load_digits()
     images = (digits.images * (255.0 / 16.0)).clip(0, 255).astype("uint8")[..., None]
     x_train, x_val, y_train, y_val = train_test_split(
@@ -73,44 +107,185 @@ def digits_arrays(image_size=32, seed=0, validation_fraction=0.2):
     return resize(x_train), y_train.astype("int32"), resize(x_val), y_val.astype("int32")
 
 
-def from_arrays(x_train, y_train, x_val, y_val, class_names=None):
-    """A `Data` from numpy arrays: uint8 (or [0, 255] float) images NHWC, int labels."""
+def _images(name, x):
+    """`x` as NHWC images of pixel values in [0, 255], checked."""
+    try:
+        x = np.asarray(x)
+    except ValueError as error:  # a ragged nested list
+        raise ValueError(
+            f"`{name}` must be an array of images (N, height, width[, channels]). Received: {error}"
+        ) from None
+    if x.ndim not in (3, 4):
+        raise ValueError(
+            f"`{name}` must be images (N, height, width[, channels]). Received: shape {x.shape}"
+        )
+    if x.ndim == 3:
+        x = x[..., None]
+    if x.shape[1] in (1, 3) and x.shape[-1] not in (1, 3, 4):
+        raise ValueError(
+            f"`{name}` must be channels-last images (N, height, width, channels); shape "
+            f"{x.shape} looks channels-first (N, channels, height, width): transpose it "
+            "with x.transpose(0, 2, 3, 1)"
+        )
+    if len(x) == 0:
+        raise ValueError(f"`{name}` must hold at least one image. Received: shape {x.shape}")
+    if x.dtype.kind not in "uif":
+        raise ValueError(
+            f"`{name}` must be uint8 (or [0, 255] integer or float) pixel values. "
+            f"Received: dtype {x.dtype}"
+        )
+    message = pixel_range_error(name, x.dtype, float(x.min()), float(x.max()))
+    if message:
+        raise ValueError(message)
+    return x
+
+
+def _labels(name, y):
+    """`y` as int32 class indices of shape (N,), checked."""
+    y = np.asarray(y)
+    if y.ndim == 2 and y.shape[1] == 1:
+        y = y.reshape(-1)
+    if y.ndim != 1:
+        hint = ": one-hot labels? pass y.argmax(-1)" if y.ndim == 2 else ""
+        raise ValueError(
+            f"`{name}` must be class indices of shape (N,) or (N, 1). "
+            f"Received: shape {y.shape}{hint}"
+        )
+    if y.dtype.kind not in "buif":
+        raise ValueError(
+            f"`{name}` must be integer class indices 0, 1, ... (map class names to indices "
+            f"and pass class_names). Received: dtype {y.dtype}"
+            + (f", e.g. {str(y[0])!r}" if len(y) else "")
+        )
+    if y.dtype.kind == "f" and not np.all(np.isfinite(y) & (y == np.round(y))):
+        bad = y[~(np.isfinite(y) & (y == np.round(y)))][0]
+        raise ValueError(
+            f"`{name}` must be integer class indices. Received: float labels such as {float(bad)}"
+        )
+    if len(y) and y.min() < 0:
+        raise ValueError(
+            f"`{name}` must be class indices 0, 1, ... (non-negative). Received: "
+            f"a label {int(y.min())}"
+        )
+    return y.astype("int32")
+
+
+def from_arrays(x_train, y_train, x_val, y_val, class_names=None, image_size=None):
+    """A `Data` from numpy arrays: uint8 (or [0, 255] float) images NHWC, int labels.
+
+    Args:
+        x_train, x_val: images (N, height, width[, channels]) of pixel values in
+            [0, 255]: uint8, or integers or floats in that range (not already
+            scaled to [-1, 1] or [0, 1]). Both must have the same height, width
+            and channels.
+        y_train, y_val: class indices 0, 1, ... of shape (N,) or (N, 1), integers
+            (or floats holding whole numbers).
+        class_names: one name per class; at least max(label) + 1 of them.
+            Default: "0", "1", ... up to the largest label.
+        image_size: when given and the images have another size, they are resized
+            to (image_size, image_size) as `load` resizes folder images.
+    """
+    names = ("x_train", "y_train", "x_val", "y_val")
+    return _from_arrays(x_train, y_train, x_val, y_val, class_names, image_size, names)
+
+
+def _from_arrays(x_train, y_train, x_val, y_val, class_names, image_size, names):
+    """`from_arrays`, naming the four arrays `names` in its errors."""
     tf = _tf()
-    arrays = [np.asarray(a) for a in (x_train, y_train, x_val, y_val)]
-    for name, x in (("x_train", arrays[0]), ("x_test", arrays[2])):
-        if x.ndim not in (3, 4):
-            raise ValueError(
-                f"`{name}` must be images (N, height, width[, channels]). Received: shape {x.shape}"
-            )
-    x_train, x_val = (x[..., None] if x.ndim == 3 else x for x in (arrays[0], arrays[2]))
-    y_train, y_val = (y.reshape(-1).astype("int32") for y in (arrays[1], arrays[3]))
+    x_train, x_val = _images(names[0], x_train), _images(names[2], x_val)
+    y_train, y_val = _labels(names[1], y_train), _labels(names[3], y_val)
+    if x_train.shape[1:] != x_val.shape[1:]:
+        raise ValueError(
+            f"`{names[0]}` and `{names[2]}` must have the same image size and channels. "
+            f"Received: {x_train.shape[1:]} and {x_val.shape[1:]} (height, width, channels)"
+        )
     if len(x_train) != len(y_train) or len(x_val) != len(y_val):
         raise ValueError(
             "Images and labels must have the same length. Received: "
-            f"{len(x_train)} / {len(y_train)} (train), {len(x_val)} / {len(y_val)} (test)"
+            f"{len(x_train)} / {len(y_train)} ({names[0]} / {names[1]}), "
+            f"{len(x_val)} / {len(y_val)} ({names[2]} / {names[3]})"
         )
     num_classes = int(max(y_train.max(), y_val.max())) + 1
     if class_names is None:
         class_names = [str(i) for i in range(num_classes)]
-    return Data(
-        tf.data.Dataset.from_tensor_slices((x_train, y_train)),
-        tf.data.Dataset.from_tensor_slices((x_val, y_val)),
-        class_names,
-        len(x_train),
-        len(x_val),
-    )
+    elif isinstance(class_names, (str, bytes)) or not hasattr(class_names, "__len__"):
+        raise ValueError(
+            f"`class_names` must be a list of names. Received: class_names={class_names!r}"
+        )
+    elif len(class_names) < num_classes:
+        raise ValueError(
+            f"`class_names` must name every class: the labels go up to {num_classes - 1}, "
+            f"so at least {num_classes} names. Received: {len(class_names)} names "
+            f"{list(class_names)[:10]!r}"
+        )
+    train = tf.data.Dataset.from_tensor_slices((x_train, y_train))
+    val = tf.data.Dataset.from_tensor_slices((x_val, y_val))
+    if image_size is not None:
+        size = positive_int("image_size", image_size)
+        if x_train.shape[1:3] != (size, size):
+            train, val = (
+                d.map(
+                    lambda x, y: (_resize(x, size), y),
+                    num_parallel_calls=tf.data.AUTOTUNE,
+                    deterministic=True,
+                )
+                for d in (train, val)
+            )
+    return Data(train, val, class_names, len(x_train), len(x_val))
 
 
-def _from_npz(path):
-    with np.load(path) as data:
-        missing = [k for k in ("x_train", "y_train", "x_test", "y_test") if k not in data]
+def _resize(image, size):
+    """An image resized to (size, size) with antialiasing, as uint8."""
+    tf = _tf()
+    image = tf.image.resize(image, (size, size), antialias=True)
+    return tf.cast(tf.clip_by_value(tf.round(image), 0, 255), tf.uint8)
+
+
+def _read_npz(path):
+    """The arrays of a .npz file (x_train, y_train, x_test, y_test[, class_names])."""
+    import zlib
+
+    expected = "a .npz archive of x_train, y_train, x_test and y_test (written by np.savez)"
+    if not zipfile.is_zipfile(path):
+        raise ValueError(f"Cannot read {path}: it must be {expected}. Received: not a zip file")
+    try:
+        archive = np.load(path)
+    except (OSError, EOFError, ValueError, zipfile.BadZipFile) as error:
+        raise ValueError(f"Cannot read {path}: it must be {expected}. Received: {error}") from None
+    arrays = {}
+    with archive:
+        missing = [k for k in NPZ_KEYS if k not in archive.files]
         if missing:
             raise ValueError(
-                f"{path} must hold x_train, y_train, x_test and y_test. Missing: {missing}"
+                f"{path} must hold x_train, y_train, x_test and y_test. Missing: {missing} "
+                f"(it holds {archive.files})"
             )
-        arrays = [data[k] for k in ("x_train", "y_train", "x_test", "y_test")]
-        class_names = [str(c) for c in data["class_names"]] if "class_names" in data else None
-    return from_arrays(*arrays, class_names=class_names)
+        for key in NPZ_KEYS + ("class_names",):
+            if key not in archive.files:
+                continue
+            try:
+                arrays[key] = archive[key]
+            except ValueError as error:
+                if "allow_pickle" not in str(error):
+                    raise ValueError(f"Cannot read {key} in {path}: {error}") from None
+                raise ValueError(
+                    f"{key} in {path} holds Python objects (dtype object); it must be a "
+                    "numeric array (class_names: strings). Pickled data is not loaded."
+                ) from None
+            except (OSError, EOFError, zipfile.BadZipFile, zlib.error) as error:
+                raise ValueError(f"Cannot read {key} in {path}: {error}") from None
+    return arrays
+
+
+def _from_npz(path, image_size):
+    arrays = _read_npz(path)
+    class_names = arrays.get("class_names")
+    if class_names is not None:
+        class_names = [str(c) for c in np.asarray(class_names).reshape(-1)]
+    try:
+        return _from_arrays(*(arrays[k] for k in NPZ_KEYS), class_names, image_size, NPZ_KEYS)
+    except ValueError as error:
+        raise ValueError(f"{path}: {error}") from None
 
 
 def list_image_folder(directory, skip_corrupt=False):
@@ -167,14 +342,18 @@ def _from_folder(directory, image_size, seed, validation_fraction, skip_corrupt)
     rng = np.random.default_rng(seed)
     order = rng.permutation(len(paths))
     paths, labels = np.asarray(paths)[order], labels[order]
-    n_val = int(round(len(paths) * validation_fraction))
-    size = image_size
+    if len(paths) < 2:
+        raise ValueError(
+            f"The folder {directory!r} must hold at least 2 readable images (one to train "
+            f"on, one to validate). Received: {len(paths)}"
+        )
+    # At least one image on each side, whatever the fraction rounds to.
+    n_val = min(max(int(round(len(paths) * validation_fraction)), 1), len(paths) - 1)
 
     def read(path, label):
         data = tf.io.read_file(path)
         image = tf.io.decode_image(data, channels=3, expand_animations=False)
-        image = tf.image.resize(image, (size, size), antialias=True)
-        return tf.cast(tf.clip_by_value(tf.round(image), 0, 255), tf.uint8), label
+        return _resize(image, image_size), label
 
     def dataset(p, y):
         return tf.data.Dataset.from_tensor_slices((p, y)).map(
@@ -212,9 +391,7 @@ def _from_tfds(name, image_size, data_dir=None):
     def resize(image, label):
         if image.shape[-1] == 1:
             image = tf.image.grayscale_to_rgb(image)
-        image = tf.image.resize(image, (image_size, image_size), antialias=True)
-        image = tf.cast(tf.clip_by_value(tf.round(image), 0, 255), tf.uint8)
-        return image, tf.cast(label, tf.int32)
+        return _resize(image, image_size), tf.cast(label, tf.int32)
 
     def size(dataset):
         count = int(dataset.cardinality())
@@ -225,9 +402,22 @@ def _from_tfds(name, image_size, data_dir=None):
 
 
 def load(spec=DIGITS, image_size=32, seed=0, validation_fraction=0.2, skip_corrupt=False):
-    """Reads a data source (see the module docstring) as a `Data`."""
+    """Reads a data source (see the module docstring) as a `Data`.
+
+    Args:
+        spec: "digits", "tfds:NAME", a folder of class sub-folders or a .npz file.
+        image_size: a positive int: every source's images come out
+            (image_size, image_size); .npz images of another size are resized.
+        seed: seed of the digits and folder splits.
+        validation_fraction: a number in (0, 1), the share of the digits or of a
+            folder's images held out for validation (a folder keeps at least one
+            image on each side); .npz files and tfds datasets bring their own split.
+        skip_corrupt: leave out, rather than reject, a folder's unreadable images.
+    """
     if not isinstance(spec, str) or not spec:
         raise ValueError(f"`data` must be a non-empty string. Received: data={spec!r}")
+    image_size = positive_int("image_size", image_size)
+    validation_fraction = _fraction("validation_fraction", validation_fraction)
     if spec == DIGITS:
         x_train, y_train, x_val, y_val = digits_arrays(image_size, seed, validation_fraction)
         return from_arrays(x_train, y_train, x_val, y_val, [str(i) for i in range(10)])
@@ -236,7 +426,7 @@ def load(spec=DIGITS, image_size=32, seed=0, validation_fraction=0.2, skip_corru
     if spec.endswith(".npz"):
         if not os.path.isfile(spec):
             raise FileNotFoundError(f"No such .npz file. Received: data={spec!r}")
-        return _from_npz(spec)
+        return _from_npz(spec, image_size)
     if os.path.isdir(spec):
         return _from_folder(spec, image_size, seed, validation_fraction, skip_corrupt)
     raise ValueError(
@@ -311,14 +501,27 @@ def train_pipeline(
         seed: seed of the shuffle and of the augmentation.
         skip_steps: batches to leave out at the start (resuming a run).
         flip: random horizontal flips.
-        crop_scale: smallest area fraction of the random resized crop; None for no crop.
+        crop_scale: smallest area fraction of the random resized crop, in (0, 1];
+            None for no crop.
         rand_augment: apply `keras.layers.RandAugment` (per batch).
         mixup, cutmix: apply `keras.layers.MixUp` / `keras.layers.CutMix` (per batch).
         cache: cache the decoded images in memory.
         deterministic: the same batches, in the same order, on every run.
     """
     tf = _tf()
+    _check_data(data)
     _check_batch_size(batch_size)
+    if crop_scale is not None:
+        crop_scale = _fraction("crop_scale", crop_scale, high_inclusive=True)
+    if (
+        isinstance(skip_steps, bool)
+        or not isinstance(skip_steps, numbers.Integral)
+        or skip_steps < 0
+    ):
+        raise ValueError(
+            f"`skip_steps` must be a non-negative integer. Received: skip_steps={skip_steps!r}"
+        )
+    skip_steps = int(skip_steps)
     source = data.train.cache() if cache else data.train
     stream = source.shuffle(
         min(data.train_size, 50_000), seed=seed, reshuffle_each_iteration=True
@@ -367,9 +570,14 @@ def _batch_augmenters(rand_augment, mixup, cutmix, seed):
 
 
 def eval_pipeline(data, batch_size, cache=True, split="validation"):
-    """Batches of (scaled image, one-hot label) of the validation split, in order."""
+    """Batches of (scaled image, one-hot label) of one split, in order.
+
+    `split` is "validation" (default) or "train".
+    """
     tf = _tf()
+    _check_data(data)
     _check_batch_size(batch_size)
+    one_of("split", split, SPLITS)
     source = data.validation if split == "validation" else data.train
     if cache:
         source = source.cache()
@@ -383,6 +591,8 @@ def eval_pipeline(data, batch_size, cache=True, split="validation"):
 
 def steps_per_epoch(data, batch_size):
     """Batches in one pass over the training set (at least 1)."""
+    _check_data(data)
+    _check_batch_size(batch_size)
     return max(1, data.train_size // batch_size)
 
 
@@ -392,4 +602,6 @@ def _check_batch_size(batch_size):
         or not isinstance(batch_size, (int, np.integer))
         or batch_size < 1
     ):
-        raise ValueError(f"`batch_size` must be a positive integer. Received: {batch_size!r}")
+        raise ValueError(
+            f"`batch_size` must be a positive integer. Received: batch_size={batch_size!r}"
+        )

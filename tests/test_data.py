@@ -105,6 +105,22 @@ def test_npz_and_bad_specs(tmp_path):
         data.eval_pipeline(d, 0)
 
 
+def test_npz_images_are_resized_to_image_size(tmp_path):
+    x, y = _arrays(n=8, size=16)
+    path = tmp_path / "d.npz"
+    np.savez(path, x_train=x, y_train=y, x_test=x[:4], y_test=y[:4])
+    for size in (8, 24):
+        d = data.load(str(path), image_size=size)
+        images, _ = next(iter(data.eval_pipeline(d, 4)))
+        assert images.shape == (4, size, size, 3)
+        assert next(iter(data.train_pipeline(d, 4)))[0].shape == (4, size, size, 3)
+    same = data.load(str(path), image_size=16)  # already the size: the pixels as stored
+    np.testing.assert_array_equal(next(iter(same.train))[0].numpy(), x[0])
+    gray = tmp_path / "gray.npz"
+    np.savez(gray, x_train=x[..., 0], y_train=y, x_test=x[:4, ..., 0], y_test=y[:4])
+    assert data.load(str(gray), image_size=8).train.element_spec[0].shape == (8, 8, 1)
+
+
 def test_tfds_with_mock_data():
     tfds = pytest.importorskip("tensorflow_datasets")
     with tfds.testing.mock_data(num_examples=12):
