@@ -1,0 +1,192 @@
+"""`keras-vit` on bad input: usage errors (exit status 2) that name the flag or
+file, and nothing written or deleted before every argument has been checked.
+
+The commands run in this process through keras_vit.cli.main, on tiny models
+and data: most cases stop before any training.
+"""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+import keras_vit
+from keras_vit import cli
+from keras_vit.commands import train as train_command
+
+pytestmark = pytest.mark.tensorflow_only
+
+DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
+TINY = ["--model", "vit-test", "--image-size", "8", "--batch-size", "8", "--quiet"]
+
+
+def run_cli(capsys, *argv):
+    """(exit status, stdout, stderr) of `keras-vit ARGV`; an exception fails the test."""
+    capsys.readouterr()
+    code = cli.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_usage_error(result, *phrases):
+    code, _, err = result
+    assert code == 2, err
+    assert "usage:" in err and "Traceback" not in err
+    for phrase in phrases:
+        assert phrase in err, (phrase, err)
+
+
+@pytest.fixture
+def npz(tmp_path):
+    """40 training and 10 test images of 8 x 8, 3 classes."""
+    rng = np.random.default_rng(0)
+    y = np.arange(50) % 3
+    x = rng.integers(0, 255, size=(50, 8, 8, 3)).astype("uint8")
+    path = tmp_path / "tiny.npz"
+    np.savez(path, x_train=x[:40], y_train=y[:40], x_test=x[40:], y_test=y[40:])
+    return str(path)
+
+
+def tiny_vit(image_size=8, num_classes=3, hidden_dim=16, **overrides):
+    """The layout of `train --model vit-test` (patch 4, 1 block, 2 heads)."""
+    config = dict(patch_size=4, num_layers=1, num_heads=2, mlp_dim=32, name="vision_transformer")
+    config.update(overrides)
+    return keras_vit.VisionTransformer(
+        image_size=image_size, num_classes=num_classes, hidden_dim=hidden_dim, **config
+    )
+
+
+def saved(model, path):
+    model.save(str(path))
+    return str(path)
+
+
+def write_run(folder, completed, **overrides):
+    """A run.json as `keras-vit train` writes it (the defaults, with overrides)."""
+    parser = cli.build_parser()
+    args = parser.parse_args(["train", "--output", str(folder), *TINY])
+    stored = {name: getattr(args, name) for name in train_command.STORED}
+    stored.update(overrides)
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, train_command.RUN_FILE), "w", encoding="utf-8") as file:
+        json.dump({"args": stored, "completed": completed}, file)
+
+
+def image_folder(root, counts, size=(12, 10)):
+    """A folder of class sub-folders holding counts[i] PNGs each."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for label, count in enumerate(counts):
+        os.makedirs(os.path.join(root, f"class{label}"), exist_ok=True)
+        for i in range(count):
+            pixels = rng.integers(0, 255, size=(*size, 3)).astype("uint8")
+            Image.fromarray(pixels).save(os.path.join(root, f"class{label}", f"{i}.png"))
+    return str(root)
+
+
+def png(path, size=(8, 8)):
+    from PIL import Image
+
+    Image.fromarray(np.full((*size, 3), 200, np.uint8)).save(path)
+    return str(path)
+
+
+# 6. Unreadable class names, .keras files, outputs and data sets --------------------
+
+
+@pytest.fixture
+def run_folder(tmp_path):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    saved(tiny_vit(), folder / "model.keras")
+    return folder
+
+
+@pytest.mark.parametrize(
+    "content, phrase",
+    [
+        (b"{'a', 'b'", "not valid JSON"),
+        (b'["\xff\xfe"]', "not UTF-8"),
+        (b'["only one", "two"]', "lists 2 class names"),  # the model has 3 classes
+    ],
+)
+@pytest.mark.parametrize("command", ["predict", "explain", "export"])
+def test_bad_class_name_files_are_usage_errors(
+    capsys, tmp_path, run_folder, content, phrase, command
+):
+    (run_folder / "classes.json").write_bytes(content)
+    image = png(tmp_path / "x.png")
+    args = {
+        "predict": ["predict", image, "--model", run_folder],
+        "explain": ["explain", image, "--model", run_folder, "--output", tmp_path / "ex"],
+        "export": ["export", "--model", run_folder, "--output", tmp_path / "sm"],
+    }[command]
+    assert_usage_error(run_cli(capsys, *args), "classes.json", phrase)
+
+
+def test_export_class_names_file_is_checked(capsys, tmp_path, run_folder):
+    names = tmp_path / "names.json"
+    names.write_text("[not json")
+    result = run_cli(
+        capsys, "export", "--model", run_folder, "--output", tmp_path / "sm",
+        "--class-names", names,
+    )  # fmt: skip
+    assert_usage_error(result, "--class-names", "names.json", "not valid JSON")
+
+
+def test_a_corrupt_keras_file_is_a_usage_error(capsys, tmp_path):
+    corrupt = tmp_path / "corrupt.keras"
+    corrupt.write_bytes(b"PK\x03\x04 truncated")
+    image = png(tmp_path / "x.png")
+    result = run_cli(capsys, "predict", image, "--model", corrupt)
+    assert_usage_error(result, "corrupt.keras", "not a readable .keras file")
+    assert "File not found" not in result[2]
+
+
+def test_explain_output_that_is_a_file(capsys, tmp_path, run_folder):
+    image = png(tmp_path / "x.png")
+    result = run_cli(capsys, "explain", image, "--model", run_folder, "--output", image)
+    assert_usage_error(result, "--output", "x.png")
+
+
+def test_predict_files_with_too_few_class_names(tmp_path):
+    from keras_vit.commands.predict import predict_files
+
+    with pytest.raises(ValueError, match="class_names"):
+        predict_files(tiny_vit(), [png(tmp_path / "x.png")], class_names=["a"])
+
+
+# 8. export: options of the other format --------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args, flag",
+    [
+        (["--format", "tflite", "--no-preprocessing"], "--no-preprocessing"),
+        (["--format", "tflite", "--top-k", "3"], "--top-k"),
+        (["--format", "saved_model", "--quantization", "float16"], "--quantization"),
+    ],
+)
+def test_export_refuses_options_of_the_other_format(capsys, tmp_path, run_folder, args, flag):
+    output = tmp_path / "out"
+    assert_usage_error(
+        run_cli(capsys, "export", "--model", run_folder, "--output", output, *args), flag
+    )
+    assert not output.exists()
+
+
+# The CLI's rule for TypeErrors ------------------------------------------------------
+
+
+def test_only_typeerrors_that_keras_vit_raises_are_usage_errors():
+    from keras_vit import export
+    from keras_vit.commands.predict import predict_files
+
+    with pytest.raises(TypeError) as raised:
+        export.load_trained(3)
+    assert cli.is_user_error(raised.value)
+    with pytest.raises(TypeError) as bug:  # Python's, in keras_vit: a bug, not a usage error
+        predict_files(tiny_vit(), None)
+    assert not cli.is_user_error(bug.value)
