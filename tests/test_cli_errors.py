@@ -8,6 +8,7 @@ and data: most cases stop before any training.
 import json
 import os
 
+import keras
 import numpy as np
 import pytest
 
@@ -91,6 +92,49 @@ def png(path, size=(8, 8)):
 
     Image.fromarray(np.full((*size, 3), 200, np.uint8)).save(path)
     return str(path)
+
+
+# 4. convert ------------------------------------------------------------------------
+
+NONSQUARE = os.path.join(DATA, "timm_nonsquare.safetensors")
+
+
+def test_convert_a_non_square_checkpoint_and_refuse_to_overwrite(capsys, tmp_path):
+    destination = tmp_path / "nonsquare.keras"
+    args = ["convert", NONSQUARE, destination, "--image-size", "32", "48", "--num-heads", "4"]
+    code, _, err = run_cli(capsys, *args)
+    assert code == 0, err
+    model = keras.models.load_model(destination)
+    assert tuple(model.input_shape[1:3]) == (32, 48)
+    inputs = np.load(os.path.join(DATA, "timm_nonsquare_inputs.npy"))
+    logits = np.load(os.path.join(DATA, "timm_nonsquare_logits.npy"))
+    np.testing.assert_allclose(model.predict(inputs, verbose=0), logits, atol=1e-4)
+    before = destination.read_bytes()
+    assert_usage_error(run_cli(capsys, *args), "--overwrite", str(destination))
+    assert destination.read_bytes() == before
+    code, _, err = run_cli(capsys, *args, "--overwrite")
+    assert code == 0, err
+    assert [name for name in os.listdir(tmp_path) if name.endswith(".keras")] == ["nonsquare.keras"]
+
+
+@pytest.mark.parametrize(
+    "args, phrases",
+    [
+        (["nonexistent.npz", "x.keras"], ["SRC", "nonexistent.npz"]),
+        ([NONSQUARE, "x.keras", "--config", '{"bogus": 1}'], ["--config", "bogus"]),
+        ([NONSQUARE, "x.keras", "--config", "[1, 2]"], ["--config", "JSON object"]),
+        ([NONSQUARE, "x.keras"], ["SRC", "pass --image-size H W"]),  # non-square: its size
+        ([NONSQUARE, "{file}/x.keras", "--image-size", "32", "48"], ["DST", "{file}"]),
+    ],
+)
+def test_convert_usage_errors(capsys, tmp_path, args, phrases):
+    file = tmp_path / "a_file"
+    file.write_text("")
+    args = [a.replace("{file}", str(file)) for a in args]
+    phrases = [p.replace("{file}", str(file)) for p in phrases]
+    result = run_cli(capsys, "convert", *args)
+    assert_usage_error(result, *phrases)
+    assert "`weights`" not in result[2]
 
 
 # 6. Unreadable class names, .keras files, outputs and data sets --------------------
