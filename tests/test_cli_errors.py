@@ -137,6 +137,18 @@ def test_convert_usage_errors(capsys, tmp_path, args, phrases):
     assert "`weights`" not in result[2]
 
 
+# 5. evaluate a non-square model ----------------------------------------------------
+
+
+def test_evaluate_a_non_square_model(capsys, tmp_path):
+    model = tiny_vit(image_size=(8, 12), num_classes=2)
+    path = saved(model, tmp_path / "wide.keras")
+    data = image_folder(tmp_path / "images", [3, 3])
+    code, out, err = run_cli(capsys, "evaluate", "--model", path, "--data", data)
+    assert code == 0, err
+    assert "1 images: loss" in out
+
+
 # 6. Unreadable class names, .keras files, outputs and data sets --------------------
 
 
