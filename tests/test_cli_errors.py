@@ -233,6 +233,19 @@ def test_export_refuses_options_of_the_other_format(capsys, tmp_path, run_folder
     assert not output.exists()
 
 
+# 9. --jit-compile's help -----------------------------------------------------------
+
+
+def test_jit_compile_help_says_where_evaluation_leaves_xla(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    help_text = text[text.rindex("--jit-compile {") :]  # the option's entry, not the usage
+    help_text = help_text[: help_text.index("--remat")]
+    assert "Intel" in help_text and "plan_xla" in help_text
+    assert "machine with AVX-512 evaluation" not in help_text
+
+
 # The CLI's rule for TypeErrors ------------------------------------------------------
 
 

@@ -157,9 +157,12 @@ def add_arguments(parser):
         "--jit-compile",
         choices=("auto", "yes", "no"),
         default="auto",
-        help="XLA-compile the train step (auto: yes on one device, no with several replicas; "
-        "on a CPU-only machine with AVX-512 evaluation stays in graph mode, faster there, "
-        "and from 512 tokens, e.g. 16-pixel patches at 384, training does)",
+        help="XLA-compile the train step and evaluation (auto: yes on one device, no with "
+        "several replicas; on a CPU-only machine, graph mode where it is faster: evaluation on "
+        "Intel CPUs whose oneDNN kernels run AVX-512; from 512 tokens (e.g. 16-pixel patches at "
+        "384) with --cpu-streams 1, training, and evaluation too where oneDNN runs AVX-512, "
+        "Intel or AMD; with --mixed-precision on CPUs with bfloat16 instructions, evaluation, "
+        "and training with --cpu-streams 1. See keras_vit.training.plan_xla)",
     )
     parser.add_argument(
         "--remat",
