@@ -5,6 +5,7 @@ The commands run in this process through keras_vit.cli.main, on tiny models
 and data: most cases stop before any training.
 """
 
+import argparse
 import json
 import os
 
@@ -92,6 +93,86 @@ def png(path, size=(8, 8)):
 
     Image.fromarray(np.full((*size, 3), 200, np.uint8)).save(path)
     return str(path)
+
+
+# 2. train --overwrite --------------------------------------------------------------
+
+
+def test_overwrite_checks_the_arguments_before_deleting(capsys, tmp_path):
+    out = tmp_path / "run"
+    write_run(out, completed=True)
+    (out / "model.keras").write_text("the earlier run's model")
+    result = run_cli(
+        capsys, "train", "--output", out, "--overwrite", "--data", tmp_path / "missing.npz"
+    )
+    assert_usage_error(result, "--data", "missing.npz")
+    assert (out / "model.keras").read_text() == "the earlier run's model"
+
+
+def test_overwrite_refuses_a_folder_that_is_not_a_run(capsys, tmp_path, npz):
+    out = tmp_path / "thesis"
+    out.mkdir()
+    (out / "chapter1.tex").write_text("precious")
+    result = run_cli(capsys, "train", "--data", npz, *TINY, "--output", out, "--overwrite")
+    assert_usage_error(result, "run.json", "chapter1.tex", "nothing was deleted")
+    assert (out / "chapter1.tex").read_text() == "precious"
+
+
+def test_overwrite_removes_the_runs_files_and_keeps_the_others(capsys, tmp_path):
+    out = tmp_path / "run"
+    write_run(out, completed=True, epochs=9)
+    for name in ("model.keras", "best.keras", "history.csv", "notes.txt"):
+        (out / name).write_text("x")
+    (out / "backup").mkdir()
+    (out / "backup" / "latest.weights.h5").write_text("x")
+    args = argparse.Namespace(output=str(out), **{n: None for n in train_command.STORED})
+    args.epochs = 1
+    train_command._commit_output(args, "overwrite")
+    assert sorted(os.listdir(out)) == ["notes.txt", "run.json"]
+    assert "notes.txt" in capsys.readouterr().out
+    with open(out / "run.json", encoding="utf-8") as file:
+        record = json.load(file)
+    assert record["args"]["epochs"] == 1 and record["completed"] is False
+
+
+# 3. Nothing written before the arguments are valid; --resume's flags ------------
+
+
+@pytest.mark.parametrize(
+    "extra, phrase",
+    [
+        (["--dropout", "1.5"], "--dropout"),
+        (["--image-size", "16"], "16x16"),  # the .npz holds 8 x 8 images
+    ],
+)
+def test_a_bad_argument_writes_nothing(capsys, tmp_path, npz, extra, phrase):
+    out = tmp_path / "run"
+    result = run_cli(capsys, "train", "--data", npz, *TINY, *extra, "--output", out)
+    assert_usage_error(result, phrase)
+    assert not out.exists()
+
+
+def test_resume_refuses_options_that_differ_from_the_run(capsys, tmp_path):
+    out = tmp_path / "run"
+    write_run(out, completed=False, epochs=2, dropout=0.0)
+    result = run_cli(capsys, "train", "--output", out, "--resume", "--dropout", "0.1")
+    assert_usage_error(result, "--dropout 0.1", "0.0")
+    # Typed with its default value (30) is still typed: the run has 2 epochs.
+    result = run_cli(capsys, "train", "--output", out, "--resume", "--epochs", "30")
+    assert_usage_error(result, "--epochs 30", "2")
+    result = run_cli(capsys, "train", "--output", out, "--resume", "--overwrite")
+    assert_usage_error(result, "--resume", "--overwrite")
+    assert sorted(os.listdir(out)) == ["run.json"]
+
+
+def test_resume_of_a_finished_run_with_more_epochs_says_how_to_go_on(capsys, tmp_path):
+    out = tmp_path / "run"
+    write_run(out, completed=True, epochs=2)
+    result = run_cli(capsys, "train", "--output", out, "--resume", "--epochs", "5")
+    assert_usage_error(result, "--epochs 5", "--weights", "model.keras")
+    # The same values as the run's are no contradiction.
+    code, stdout, err = run_cli(capsys, "train", "--output", out, "--resume", "--epochs", "2")
+    assert code == 0 and "already complete" in stdout, err
 
 
 # 4. convert ------------------------------------------------------------------------
@@ -212,6 +293,28 @@ def test_predict_files_with_too_few_class_names(tmp_path):
 
     with pytest.raises(ValueError, match="class_names"):
         predict_files(tiny_vit(), [png(tmp_path / "x.png")], class_names=["a"])
+
+
+def test_train_unknown_tfds_dataset(capsys, tmp_path):
+    out = tmp_path / "run"
+    result = run_cli(capsys, "train", "--data", "tfds:nonexistent_xyz", *TINY, "--output", out)
+    assert_usage_error(result, "--data", "nonexistent_xyz")
+    assert not out.exists()
+
+
+# 7. Too few classes or images ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "counts, phrases",
+    [([2], ["1 class", "2 or more"]), ([1, 1], ["0 validation images", "add images"])],
+)
+def test_train_data_too_small_is_refused_before_training(capsys, tmp_path, counts, phrases):
+    data = image_folder(tmp_path / "images", counts)
+    out = tmp_path / "run"
+    args = ["train", "--data", data, *TINY, "--batch-size", "2", "--output", out]
+    assert_usage_error(run_cli(capsys, *args), *phrases)
+    assert not out.exists()
 
 
 # 8. export: options of the other format --------------------------------------------
