@@ -95,6 +95,48 @@ def png(path, size=(8, 8)):
     return str(path)
 
 
+# 1. train --weights FILE.keras: all or nothing -----------------------------------
+
+
+def test_train_weights_of_another_width_are_refused(capsys, tmp_path, npz):
+    other = saved(tiny_vit(hidden_dim=32), tmp_path / "other.keras")
+    out = tmp_path / "run"
+    result = run_cli(capsys, "train", "--data", npz, *TINY, "--weights", other, "--output", out)
+    assert_usage_error(result, other, "transformer_block_0", "16", "32", "Nothing was loaded")
+    assert not out.exists()
+
+
+def test_train_weights_of_an_unrelated_model_are_refused(capsys, tmp_path, npz):
+    inputs = keras.Input((8, 8, 3))
+    outputs = keras.layers.Dense(3, name="dense")(keras.layers.Flatten()(inputs))
+    unrelated = saved(keras.Model(inputs, outputs), tmp_path / "unrelated.keras")
+    out = tmp_path / "run"
+    result = run_cli(capsys, "train", "--data", npz, *TINY, "--weights", unrelated, "--output", out)
+    assert_usage_error(result, unrelated, "patch_encoder", "dense")
+    assert not out.exists()
+
+
+def test_train_weights_keras_loads_all_but_a_head_of_another_size(capsys, tmp_path):
+    """As keras_vit.load_weights: the head is reset, the position embedding resized."""
+    source = tiny_vit(image_size=8, num_classes=3)
+    for variable in source.weights:
+        variable.assign(np.random.default_rng(1).normal(size=variable.shape))
+    path = saved(source, tmp_path / "source.keras")
+    model = tiny_vit(image_size=16, num_classes=5)
+    train_command._load_keras_weights(model, path, "vit-test")
+    out = capsys.readouterr().out
+    assert "head was not loaded" in out and "position embedding" in out
+    np.testing.assert_array_equal(model.get_layer("head").get_weights()[0], 0)
+    for name in ("transformer_block_0", "encoder_norm"):
+        for a, b in zip(model.get_layer(name).get_weights(), source.get_layer(name).get_weights()):
+            np.testing.assert_array_equal(a, b)
+    encoder, original = model.get_layer("patch_encoder"), source.get_layer("patch_encoder")
+    expected = keras_vit.weights.resize_position_embedding(
+        keras.ops.convert_to_numpy(original.position_embedding), (2, 2), (4, 4), 1
+    )
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(encoder.position_embedding), expected)
+
+
 # 2. train --overwrite --------------------------------------------------------------
 
 
@@ -143,6 +185,7 @@ def test_overwrite_removes_the_runs_files_and_keeps_the_others(capsys, tmp_path)
     [
         (["--dropout", "1.5"], "--dropout"),
         (["--image-size", "16"], "16x16"),  # the .npz holds 8 x 8 images
+        (["--weights", os.path.join(DATA, "timm_square.safetensors")], "--weights"),
     ],
 )
 def test_a_bad_argument_writes_nothing(capsys, tmp_path, npz, extra, phrase):

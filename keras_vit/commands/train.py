@@ -505,7 +505,7 @@ def train(args, prepare_output=None):
             args.model, args.image_size, data.num_classes, channels, args.dropout, args.remat
         )
         if args.weights:
-            _load_weights(model, args.weights)
+            _load_weights(model, args.weights, args.model)
         training.compile_model(
             model,
             total_steps,
@@ -601,27 +601,125 @@ def _load_data(args):
     return data
 
 
-def _load_weights(model, path):
+def _load_weights(model, path, model_name):
+    """--weights: all of the file's weights, or none (a usage error says what differs)."""
     if path.endswith(".keras"):
-        import keras
-
-        source = keras.models.load_model(path, safe_mode=True)
-        for layer in model.layers:
-            try:
-                other = source.get_layer(layer.name)
-            except ValueError:
-                continue
-            shapes = [tuple(w.shape) for w in other.weights]
-            if shapes == [tuple(w.shape) for w in layer.weights]:
-                layer.set_weights(other.get_weights())
-            else:
-                print(f"Not loaded (shapes differ): {layer.name}")
+        _load_keras_weights(model, path, model_name)
         return
+    from keras_vit import cli
+    from keras_vit.weights import load_weights
+
     try:
-        from keras_vit.weights import load_weights
-    except ImportError:
-        from keras_vit.weights.loader import load_weights
-    load_weights(model, path)
+        load_weights(model, path)  # a head of another size is reset, with a warning
+    except (ValueError, FileNotFoundError, TypeError) as error:
+        if not cli.is_user_error(error):
+            raise
+        raise UsageError(f"--weights {path!r}: {error}") from None
+
+
+def _shapes(shapes):
+    return ", ".join("x".join(map(str, shape)) or "scalar" for shape in shapes)
+
+
+def _load_keras_weights(model, path, model_name):
+    """Loads a .keras model's weights layer by layer (by name), all or nothing.
+
+    As `keras_vit.load_weights` does for .npz and .safetensors files: a head
+    of another size (or none, or one that follows a pre-logits layer the
+    model has not) is left at its initial zeros, and a position embedding of
+    another grid is resized; any other layer missing, unused or of other
+    shapes is a usage error, and nothing is loaded.
+    """
+    from keras_vit.commands._common import load_keras_file
+
+    source = load_keras_file(path, flag="--weights", compile=False)
+    ours = {layer.name: layer for layer in model.layers if layer.weights}
+    theirs = {layer.name: layer for layer in source.layers if layer.weights}
+    values, differ, missing, notes = {}, [], [], []
+    head_reset = None
+    for name, layer in ours.items():
+        other = theirs.get(name)
+        if other is None:
+            if name == "head":
+                head_reset = "the file's model has no head"
+            else:
+                missing.append(name)
+            continue
+        shapes = [tuple(w.shape) for w in layer.weights]
+        found = [tuple(w.shape) for w in other.weights]
+        arrays = other.get_weights()
+        same_kind = type(layer).__name__ == type(other).__name__
+        if same_kind and shapes == found:
+            values[name] = arrays
+            continue
+        resized = _resized_position_embedding(layer, other, arrays) if same_kind else None
+        if resized is not None:
+            values[name], note = resized
+            notes.append(note)
+        elif name == "head" and same_kind:
+            head_reset = (
+                f"the file's head has {_shapes(found[:1])}, the model's {_shapes(shapes[:1])}"
+            )
+        else:
+            differ.append(
+                f"{name} (file: {type(other).__name__} {_shapes(found)}; "
+                f"model: {type(layer).__name__} {_shapes(shapes)})"
+            )
+    unused = [name for name in theirs if name not in ours]
+    if "pre_logits" in unused and "head" in ours:
+        unused.remove("pre_logits")  # dropped, and the head after it cannot be used
+        values.pop("head", None)
+        head_reset = "the model has no pre-logits layer (representation_size)"
+    if differ or missing or unused:
+        raise UsageError(
+            f"--weights {path!r} does not fit the model (--model {model_name}): "
+            + "; ".join(
+                part
+                for part in (
+                    differ and "layers whose weights differ: " + ", ".join(differ),
+                    missing and "layers missing from the file: " + ", ".join(missing),
+                    unused and "layers of the file the model has not: " + ", ".join(unused),
+                )
+                if part
+            )
+            + ". Nothing was loaded"
+        )
+    for name, arrays in values.items():
+        ours[name].set_weights(arrays)
+    for note in notes:
+        print(note)
+    if head_reset:
+        print(
+            f"The head was not loaded from {path} ({head_reset}); it keeps its initial zeros, "
+            "to be fine-tuned."
+        )
+
+
+def _resized_position_embedding(layer, other, arrays):
+    """(`other`'s patch-encoder weights with the position embedding resized to
+    `layer`'s grid, a note), or None when anything else differs."""
+    from keras_vit.weights import resize_position_embedding
+
+    names = [w.name for w in layer.weights]
+    if names != [w.name for w in other.weights] or "position_embedding" not in names:
+        return None
+    index = names.index("position_embedding")
+    for i, (array, weight) in enumerate(zip(arrays, layer.weights)):
+        if i != index and tuple(array.shape) != tuple(weight.shape):
+            return None
+    prefix = getattr(layer, "num_prefix_tokens", None)
+    source, target = getattr(other, "grid_size", None), getattr(layer, "grid_size", None)
+    if prefix is None or prefix != getattr(other, "num_prefix_tokens", None) or not source:
+        return None
+    source, target = tuple(source), tuple(target)
+    embedding = arrays[index]
+    if embedding.shape[-1] != layer.weights[index].shape[-1]:
+        return None
+    if embedding.shape[1] != prefix + source[0] * source[1]:
+        return None
+    arrays = list(arrays)
+    arrays[index] = resize_position_embedding(embedding, source, target, prefix)
+    return arrays, f"Resized the position embedding of --weights from a {source} grid to {target}."
 
 
 def _restore(model, work_dir):
