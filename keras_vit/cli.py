@@ -3,9 +3,11 @@
 Each module of `keras_vit.commands` named in COMMANDS defines
 `HELP` (one line), `add_arguments(parser)` and `run(args) -> int`. A user
 error (bad argument, missing file) is raised as `UsageError`, or as a
-`ValueError`/`FileNotFoundError` from keras_vit's own checks, and printed with
-the usage, exit status 2, no traceback. An error raised inside TensorFlow or
-Keras is not the user's: it keeps its traceback (exit status 1).
+`ValueError`/`FileNotFoundError` from keras_vit's own checks (or a `TypeError`
+that keras_vit's own code raises on purpose, as its rules say bad input may),
+and printed with the usage, exit status 2, no traceback. An error raised inside
+TensorFlow or Keras, or a `TypeError` of a bug in keras_vit, is not the user's:
+it keeps its traceback (exit status 1).
 """
 
 import argparse
@@ -56,21 +58,31 @@ def build_parser(modules=None):
 
 
 def is_user_error(error):
-    """UsageError, or a ValueError/FileNotFoundError raised by keras_vit's own code."""
+    """UsageError, or a ValueError/FileNotFoundError raised by keras_vit's own code.
+
+    A TypeError counts when a `raise` statement of keras_vit raised it (a check
+    of the user's input), not when Python raised it inside keras_vit (a bug).
+    """
     if isinstance(error, UsageError):
         return True
-    if not isinstance(error, (ValueError, FileNotFoundError)):
+    if not isinstance(error, (ValueError, FileNotFoundError, TypeError)):
         return False
     frames = traceback.extract_tb(error.__traceback__)
-    return bool(frames) and os.path.abspath(frames[-1].filename).startswith(PACKAGE_DIR + os.sep)
+    if not frames or not os.path.abspath(frames[-1].filename).startswith(PACKAGE_DIR + os.sep):
+        return False
+    if isinstance(error, TypeError):
+        return (frames[-1].line or "").lstrip().startswith("raise ")
+    return True
 
 
 def main(argv=None):
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
+    args._argv = argv  # what was typed: commands tell passed flags from defaults with it
     try:
         return int(args._run(args) or 0)
-    except (UsageError, ValueError, FileNotFoundError) as error:
+    except (UsageError, ValueError, FileNotFoundError, TypeError) as error:
         if not is_user_error(error):
             raise
         args._parser.print_usage(sys.stderr)

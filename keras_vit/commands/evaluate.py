@@ -1,5 +1,7 @@
 """`keras-vit evaluate`: loss and accuracy of a trained model on a dataset."""
 
+from keras_vit.cli import UsageError
+
 HELP = "Evaluate a trained model (training folder or .keras file): loss and accuracy."
 
 
@@ -23,21 +25,46 @@ def run(args):
 
     from keras_vit import data as data_module
     from keras_vit import training
-    from keras_vit.export import load_trained
+    from keras_vit.commands._common import (
+        check_data_spec,
+        find_model_file,
+        load_data,
+        load_keras_file,
+        num_classes,
+        validation_hint,
+    )
     from keras_vit.models import model_image_size
 
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be positive. Received: {args.batch_size}")
-    model, _ = load_trained(args.model)
-    image_size = model_image_size(model)[0]  # a dynamic model: the size it was built for
-    data = data_module.load(
-        args.data, image_size=image_size, seed=args.seed, skip_corrupt=args.skip_corrupt
+    check_data_spec(args.data)
+    model = load_keras_file(find_model_file(args.model)[0])
+    classes = num_classes(model)
+    if classes is None:
+        raise UsageError(f"--model {args.model!r} has no classification head (num_classes=0)")
+    # (height, width); for a dynamic model the size it was built for.
+    height, width = model_image_size(model)
+    data = load_data(
+        args.data,
+        (height, width),
+        seed=args.seed,
+        skip_corrupt=args.skip_corrupt,
+        wanted=f"the model ({args.model})",
     )
-    classes = model.outputs[0].shape[-1]
     if data.num_classes != classes:
         raise ValueError(
             f"--data has {data.num_classes} classes but the model predicts {classes}. "
             f"Received: data={args.data!r}"
+        )
+    channels, model_channels = data.validation.element_spec[0].shape[-1], model.inputs[0].shape[-1]
+    if channels != model_channels:
+        raise UsageError(
+            f"--data {args.data!r} has images of {channels} channel(s) but the model takes "
+            f"{model_channels}"
+        )
+    if data.validation_size == 0:
+        raise UsageError(
+            f"--data {args.data!r} has no image to evaluate: {validation_hint(args.data, data)}"
         )
     # No optimizer: evaluation only. XLA or graph mode as compile_model plans
     # inference for this machine (a plain compile() leaves a CPU without XLA).

@@ -76,7 +76,7 @@ def output_stems(paths):
 def run(args):
     from PIL import Image
 
-    from keras_vit.export import load_trained
+    from keras_vit.commands._common import load_trained
     from keras_vit.inspection import attention_maps, attention_rollout
     from keras_vit.models import model_image_size
     from keras_vit.preprocessing import preprocess_inputs
@@ -84,6 +84,11 @@ def run(args):
 
     if args.top_k < 1:
         raise UsageError(f"--top-k must be a positive integer. Received: {args.top_k}")
+    if os.path.exists(args.output) and not os.path.isdir(args.output):
+        raise UsageError(
+            f"--output must be a folder (for the overlay PNGs). Received: --output "
+            f"{args.output!r}, an existing file"
+        )
     model, class_names = load_trained(args.model)
     # A model built with dynamic_image_size=True explains at the size it was built for.
     size, channels = model_image_size(model), model.input_shape[3]
@@ -102,12 +107,12 @@ def run(args):
         head_fusion=args.head_fusion,
         grid_size=model,
     )
-    if class_names is not None and len(class_names) != probs.shape[-1]:
+    try:
+        os.makedirs(args.output, exist_ok=True)
+    except OSError as error:
         raise UsageError(
-            f"the model has {probs.shape[-1]} classes but its class-name file lists "
-            f"{len(class_names)}"
-        )
-    os.makedirs(args.output, exist_ok=True)
+            f"--output {args.output!r}: cannot create the folder ({error.strerror or error})"
+        ) from None
     top_k = min(args.top_k, probs.shape[-1])
     stems = output_stems(args.images)
     for path, stem, image, prob, attention in zip(args.images, stems, originals, probs, rollout):

@@ -43,29 +43,43 @@ def add_arguments(parser):
     parser.add_argument(
         "--class-names",
         metavar="JSON",
-        help="a JSON file of class names (overrides the training folder's classes.json)",
+        help="SavedModel only: a JSON file of class names (overrides the training folder's "
+        "classes.json)",
     )
     parser.add_argument(
         "--overwrite", action="store_true", help="replace --output if it already exists"
     )
 
 
+# Options of one format only: typed with the other format, they are refused.
+SAVED_MODEL_ONLY = {
+    "preprocessing": "--no-preprocessing",
+    "top_k": "--top-k",
+    "class_names": "--class-names",
+}
+TFLITE_ONLY = {"quantization": "--quantization"}
+
+
 def run(args):
     from keras_vit import export
+    from keras_vit.commands._common import explicit_flags, load_trained
 
+    typed = explicit_flags(args)
+    others = TFLITE_ONLY if args.format == "saved_model" else SAVED_MODEL_ONLY
+    misplaced = [flag for name, flag in others.items() if name in typed]
+    if misplaced:
+        other = "tflite" if args.format == "saved_model" else "saved_model"
+        raise UsageError(
+            f"{', '.join(misplaced)} {'applies' if len(misplaced) == 1 else 'apply'} to "
+            f"--format {other} only. Received: --format {args.format} {' '.join(misplaced)}"
+        )
     quantization = None if args.quantization == "none" else args.quantization
-    if args.format == "saved_model" and quantization is not None:
-        raise UsageError("--quantization applies to --format tflite only")
     if os.path.exists(args.output) and not args.overwrite:
         raise UsageError(f"--output {args.output!r} already exists (pass --overwrite to replace)")
-    if not os.path.exists(args.model):
-        raise FileNotFoundError(f"--model {args.model!r}: no such file or directory")
-    if args.class_names is not None and not os.path.isfile(args.class_names):
-        raise FileNotFoundError(f"--class-names {args.class_names!r}: no such file")
+    if args.top_k < 1:
+        raise UsageError(f"--top-k must be a positive integer. Received: --top-k {args.top_k}")
 
-    model, class_names = export.load_trained(args.model)
-    if args.class_names is not None:
-        class_names = export.read_class_names(args.class_names)
+    model, class_names = load_trained(args.model, class_names_file=args.class_names)
     if args.format == "saved_model":
         export.export_saved_model(
             model,

@@ -37,6 +37,11 @@ def predict_files(model, paths, class_names=None, top_k=5):
     logits = np.asarray(model.predict(np.stack(batch), verbose=0), dtype="float64")
     logits -= logits.max(axis=-1, keepdims=True)
     probabilities = np.exp(logits) / np.exp(logits).sum(axis=-1, keepdims=True)
+    if class_names and len(class_names) != probabilities.shape[-1]:
+        raise ValueError(
+            f"`class_names` must list one name per class of the model ({probabilities.shape[-1]})."
+            f" Received: {len(class_names)} names"
+        )
     names = class_names or [str(i) for i in range(probabilities.shape[-1])]
     results = []
     for path, row in zip(paths, probabilities):
@@ -46,7 +51,7 @@ def predict_files(model, paths, class_names=None, top_k=5):
 
 
 def run(args):
-    from keras_vit.export import load_trained
+    from keras_vit.commands._common import load_trained
 
     if args.top_k < 1:
         raise ValueError(f"--top-k must be a positive integer. Received: {args.top_k}")

@@ -125,10 +125,14 @@ def add_arguments(parser):
     parser.add_argument(
         "--resume",
         action="store_true",
-        help="continue the interrupted run in --output (with its stored arguments)",
+        help="continue the interrupted run in --output with its stored arguments (options "
+        "that differ from them are refused)",
     )
     parser.add_argument(
-        "--overwrite", action="store_true", help="replace a non-empty --output folder"
+        "--overwrite",
+        action="store_true",
+        help=f"replace the run in a non-empty --output folder (one with {RUN_FILE}; other "
+        "folders are refused, and files a run does not write are kept)",
     )
     parser.add_argument("--seed", type=int, default=0, help="default 0")
     parser.add_argument(
@@ -157,9 +161,12 @@ def add_arguments(parser):
         "--jit-compile",
         choices=("auto", "yes", "no"),
         default="auto",
-        help="XLA-compile the train step (auto: yes on one device, no with several replicas; "
-        "on a CPU-only machine with AVX-512 evaluation stays in graph mode, faster there, "
-        "and from 512 tokens, e.g. 16-pixel patches at 384, training does)",
+        help="XLA-compile the train step and evaluation (auto: yes on one device, no with "
+        "several replicas; on a CPU-only machine, graph mode where it is faster: evaluation on "
+        "Intel CPUs whose oneDNN kernels run AVX-512; from 512 tokens (e.g. 16-pixel patches at "
+        "384) with --cpu-streams 1, training, and evaluation too where oneDNN runs AVX-512, "
+        "Intel or AMD; with --mixed-precision on CPUs with bfloat16 instructions, evaluation, "
+        "and training with --cpu-streams 1. See keras_vit.training.plan_xla)",
     )
     parser.add_argument(
         "--remat",
@@ -183,12 +190,17 @@ def add_arguments(parser):
 
 
 def _check_args(args):
+    """Checks what can be checked without reading the data or building the model."""
+    from keras_vit.commands._common import check_data_spec
+
     for name in ("weight_decay", "label_smoothing", "clipnorm", "dropout", "warmup_epochs"):
         value = getattr(args, name)
         if value < 0:
             raise UsageError(f"--{name.replace('_', '-')} must be >= 0. Received: {value}")
     if not 0 <= args.label_smoothing < 1:
         raise UsageError(f"--label-smoothing must be in [0, 1). Received: {args.label_smoothing}")
+    if not 0 <= args.dropout < 1:
+        raise UsageError(f"--dropout must be in [0, 1). Received: {args.dropout}")
     if args.crop_scale is not None and not 0 < args.crop_scale <= 1:
         raise UsageError(f"--crop-scale must be in (0, 1]. Received: {args.crop_scale}")
     if args.weights and not os.path.isfile(args.weights):
@@ -199,39 +211,160 @@ def _check_args(args):
         raise UsageError(
             f"--model must be one of {sorted(PRESETS) + sorted(VARIANTS)}. Received: {args.model!r}"
         )
+    check_data_spec(args.data)
 
 
-def _prepare_output(args):
-    """The output folder: new, resumed or (with --overwrite) replaced."""
+# What a run writes in its folder: --overwrite removes these, and keeps anything else.
+RUN_ENTRIES = (
+    "model.keras",
+    "model.tmp.keras",
+    "best.keras",
+    "saved_model",
+    "classes.json",
+    "history.csv",
+    "history.json",
+    "curves.png",
+    "backup",
+    "logs",
+    RUN_FILE + ".tmp",
+)
+
+
+def _read_run_file(output):
+    """The record of the run in `output` (run.json), or None when there is none."""
+    path = os.path.join(output, RUN_FILE)
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as file:
+            stored = json.load(file)
+    except (OSError, ValueError) as error:
+        raise UsageError(
+            f"{path!r} is not a readable run file of keras-vit train: {error}"
+        ) from None
+    if not isinstance(stored, dict) or not isinstance(stored.get("args"), dict):
+        raise UsageError(f'{path!r} is not a run file of keras-vit train (no "args" object)')
+    return stored
+
+
+def _flag(name, value):
+    flag = "--" + name.replace("_", "-")
+    return flag if value is True else f"{flag} {value}"  # True: a switch such as --mixup
+
+
+def _same(name, value, stored):
+    if name == "jit_compile":
+        return _jit_compile(value) == _jit_compile(stored)
+    return value == stored
+
+
+def _plan_output(args, typed):
+    """What to do with --output: "new", "overwrite", "resume" or "complete".
+
+    Reads only; nothing is written or removed here (see `_commit_output`).
+    For --resume the run's stored arguments replace those of `args`;
+    `typed`, the options given on the command line, must not contradict them.
+    """
+    if args.resume and args.overwrite:
+        raise UsageError(
+            "--resume continues the run in --output and --overwrite replaces it: pass one of them"
+        )
     if args.output is None:
         if args.resume:
             raise UsageError("--resume needs --output, the folder of the run to continue")
         args.output = os.path.join("runs", time.strftime("vit-%Y%m%d-%H%M%S"))
     output = args.output
-    run_file = os.path.join(output, RUN_FILE)
-    resumable = os.path.isfile(run_file)
+    if os.path.exists(output) and not os.path.isdir(output):
+        raise UsageError(f"--output must be a folder. Received: {output!r} (a file)")
+    folder = os.path.abspath(output)
+    while not os.path.exists(folder):
+        folder = os.path.dirname(folder)
+    if not os.path.isdir(folder) or not os.access(folder, os.W_OK | os.X_OK):
+        raise UsageError(f"--output {output!r} cannot be written: {folder!r} is not writable")
+    stored = _read_run_file(output)
     if args.resume:
-        if not resumable:
+        if stored is None:
             raise UsageError(f"--resume: {output!r} is not a training run (no {RUN_FILE})")
-        with open(run_file, encoding="utf-8") as file:
-            stored = json.load(file)
+        completed = bool(stored.get("completed", False))
+        before = stored["args"]
+        differ = [
+            name
+            for name in STORED
+            if name in typed
+            and name in before
+            and not _same(name, getattr(args, name), before[name])
+        ]
+        if differ:
+            flags = "; ".join(
+                f"{_flag(name, getattr(args, name))} (the run has {before[name]})"
+                for name in differ
+            )
+            if completed and differ == ["epochs"] and args.epochs > before["epochs"]:
+                hint = (
+                    f"A finished run cannot be extended: its learning rate decayed to 0 over "
+                    f"{before['epochs']} epochs, and a longer run's schedule differs from the "
+                    f"start. To train further, start a new run from its model: --weights "
+                    f"{os.path.join(output, 'model.keras')} --output ANOTHER_FOLDER"
+                )
+            else:
+                hint = (
+                    "--resume continues the run with the arguments it was started with: drop "
+                    "these options, or start a new run in another --output"
+                )
+            raise UsageError(
+                f"--resume: options that differ from the run in {output!r}: {flags}. {hint}"
+            )
         for name in STORED:
-            if name in stored["args"]:
-                setattr(args, name, stored["args"][name])
-        return stored.get("completed", False)
+            if name in before:
+                setattr(args, name, before[name])
+        return "complete" if completed else "resume"
     if os.path.isdir(output) and os.listdir(output):
         if not args.overwrite:
-            hint = "pass --resume to continue it, " if resumable else ""
+            hint = "pass --resume to continue it, " if stored is not None else ""
             raise UsageError(
                 f"the output folder {output!r} is not empty; {hint}choose another --output, "
                 "or pass --overwrite to replace it"
             )
-        shutil.rmtree(output)
-    elif os.path.exists(output) and not os.path.isdir(output):
-        raise UsageError(f"--output must be a folder. Received: {output!r} (a file)")
-    os.makedirs(output, exist_ok=True)
-    _write_run_file(args, completed=False)
-    return False
+        if stored is None:
+            raise UsageError(
+                f"--overwrite replaces only the folder of an earlier keras-vit train run (one "
+                f"with {RUN_FILE}); {output!r} holds other files "
+                f"({', '.join(sorted(os.listdir(output))[:5])}), so nothing was deleted. Choose "
+                "another --output, or empty the folder yourself"
+            )
+        return "overwrite"
+    return "new"
+
+
+def _commit_output(args, plan):
+    """Carries out `_plan_output`'s plan, once every argument has been checked."""
+    output = args.output
+    if plan == "overwrite":
+        kept = []
+        for entry in sorted(os.listdir(output)):
+            path = os.path.join(output, entry)
+            if entry == RUN_FILE:  # replaced below, last, so the folder stays a run's
+                continue
+            if entry not in RUN_ENTRIES and not entry.startswith("worker-"):
+                kept.append(entry)
+            elif os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path)
+            else:
+                os.remove(path)
+        if kept:
+            print(
+                f"--overwrite: kept {len(kept)} file(s) in {output} that a run does not write: "
+                + ", ".join(kept[:10])
+                + (", ..." if len(kept) > 10 else "")
+            )
+    if plan in ("new", "overwrite"):
+        try:
+            os.makedirs(output, exist_ok=True)
+        except OSError as error:
+            raise UsageError(
+                f"--output {output!r}: cannot create the folder ({error.strerror or error})"
+            ) from None
+        _write_run_file(args, completed=False)
 
 
 def _write_run_file(args, completed, extra=None):
@@ -313,22 +446,34 @@ def plot_curves(history, path):
 
 
 def run(args):
+    from keras_vit.commands._common import explicit_flags
     from keras_vit.training import is_chief
 
     _check_args(args)
     if not is_chief():  # the chief owns the output folder; others write worker-*/ in it
         if args.output is None:
             raise UsageError("multi-worker training needs the same --output on every worker")
-        os.makedirs(args.output, exist_ok=True)
         return train(args)
-    completed = _prepare_output(args)
-    if completed:
+    # Nothing is written before every argument is checked, the data read and the
+    # model built (with its --weights): train() calls prepare_output then.
+    plan = _plan_output(args, explicit_flags(args))
+    if plan == "complete":
         print(f"The run in {args.output} is already complete.")
         return 0
-    return train(args)
+    if plan == "resume":
+        try:
+            _check_args(args)
+        except UsageError as error:
+            raise UsageError(
+                f"the run in {args.output!r} was started with arguments that are not valid "
+                f"now: {error}"
+            ) from None
+    return train(args, prepare_output=lambda: _commit_output(args, plan))
 
 
-def train(args):
+def train(args, prepare_output=None):
+    """Trains as `args` say; `prepare_output()`, when given, is called once the data
+    and the model are ready, before anything is written in `args.output`."""
     import keras
     import tensorflow as tf
 
@@ -346,13 +491,10 @@ def train(args):
     strategy = training.get_strategy(args.strategy)  # first: MultiWorker needs it before ops
     chief = training.is_chief()
     work_dir = output if chief else os.path.join(output, f"worker-{_task_index()}")
-    os.makedirs(work_dir, exist_ok=True)
     keras.utils.set_random_seed(args.seed)
     training.set_mixed_precision(args.mixed_precision)
 
-    data = data_module.load(
-        args.data, image_size=args.image_size, seed=args.seed, skip_corrupt=args.skip_corrupt
-    )
+    data = _load_data(args)
     channels = data.train.element_spec[0].shape[-1]
     steps = data_module.steps_per_epoch(data, args.batch_size)
     total_steps = steps * args.epochs
@@ -363,7 +505,7 @@ def train(args):
             args.model, args.image_size, data.num_classes, channels, args.dropout, args.remat
         )
         if args.weights:
-            _load_weights(model, args.weights)
+            _load_weights(model, args.weights, args.model)
         training.compile_model(
             model,
             total_steps,
@@ -375,6 +517,9 @@ def train(args):
             clipnorm=args.clipnorm,
             jit_compile=_jit_compile(args.jit_compile),
         )
+        if prepare_output is not None:
+            prepare_output()
+        os.makedirs(work_dir, exist_ok=True)
         done = _restore(model, work_dir)
     print(
         f"Training {args.model} ({model.count_params():,} parameters) on {args.data}: "
@@ -429,27 +574,152 @@ def _task_index():
     return f"{task.get('type', 'worker')}-{task.get('index', 0)}"
 
 
-def _load_weights(model, path):
-    if path.endswith(".keras"):
-        import keras
+def _load_data(args):
+    """The training data, checked: the --image-size, 2 classes or more, validation images."""
+    from keras_vit.commands._common import load_data, validation_hint
 
-        source = keras.models.load_model(path, safe_mode=True)
-        for layer in model.layers:
-            try:
-                other = source.get_layer(layer.name)
-            except ValueError:
-                continue
-            shapes = [tuple(w.shape) for w in other.weights]
-            if shapes == [tuple(w.shape) for w in layer.weights]:
-                layer.set_weights(other.get_weights())
-            else:
-                print(f"Not loaded (shapes differ): {layer.name}")
+    size = args.image_size
+    data = load_data(
+        args.data,
+        (size, size),
+        seed=args.seed,
+        skip_corrupt=args.skip_corrupt,
+        wanted=f"--image-size {size}",
+        size_flag="--image-size",
+    )
+    if data.num_classes < 2:
+        raise UsageError(
+            f"--data {args.data!r} has {data.num_classes} class "
+            f"({', '.join(map(repr, data.class_names[:1]))}); a classifier needs 2 or more "
+            "(a folder: one sub-folder of images per class; a .npz: labels 0, 1, ...)"
+        )
+    if data.validation_size == 0:
+        raise UsageError(
+            f"--data {args.data!r} gives {data.train_size} training images and 0 validation "
+            f"images: {validation_hint(args.data, data)}"
+        )
+    return data
+
+
+def _load_weights(model, path, model_name):
+    """--weights: all of the file's weights, or none (a usage error says what differs)."""
+    if path.endswith(".keras"):
+        _load_keras_weights(model, path, model_name)
         return
+    from keras_vit import cli
+    from keras_vit.weights import load_weights
+
     try:
-        from keras_vit.weights import load_weights
-    except ImportError:
-        from keras_vit.weights.loader import load_weights
-    load_weights(model, path)
+        load_weights(model, path)  # a head of another size is reset, with a warning
+    except (ValueError, FileNotFoundError, TypeError) as error:
+        if not cli.is_user_error(error):
+            raise
+        raise UsageError(f"--weights {path!r}: {error}") from None
+
+
+def _shapes(shapes):
+    return ", ".join("x".join(map(str, shape)) or "scalar" for shape in shapes)
+
+
+def _load_keras_weights(model, path, model_name):
+    """Loads a .keras model's weights layer by layer (by name), all or nothing.
+
+    As `keras_vit.load_weights` does for .npz and .safetensors files: a head
+    of another size (or none, or one that follows a pre-logits layer the
+    model has not) is left at its initial zeros, and a position embedding of
+    another grid is resized; any other layer missing, unused or of other
+    shapes is a usage error, and nothing is loaded.
+    """
+    from keras_vit.commands._common import load_keras_file
+
+    source = load_keras_file(path, flag="--weights", compile=False)
+    ours = {layer.name: layer for layer in model.layers if layer.weights}
+    theirs = {layer.name: layer for layer in source.layers if layer.weights}
+    values, differ, missing, notes = {}, [], [], []
+    head_reset = None
+    for name, layer in ours.items():
+        other = theirs.get(name)
+        if other is None:
+            if name == "head":
+                head_reset = "the file's model has no head"
+            else:
+                missing.append(name)
+            continue
+        shapes = [tuple(w.shape) for w in layer.weights]
+        found = [tuple(w.shape) for w in other.weights]
+        arrays = other.get_weights()
+        same_kind = type(layer).__name__ == type(other).__name__
+        if same_kind and shapes == found:
+            values[name] = arrays
+            continue
+        resized = _resized_position_embedding(layer, other, arrays) if same_kind else None
+        if resized is not None:
+            values[name], note = resized
+            notes.append(note)
+        elif name == "head" and same_kind:
+            head_reset = (
+                f"the file's head has {_shapes(found[:1])}, the model's {_shapes(shapes[:1])}"
+            )
+        else:
+            differ.append(
+                f"{name} (file: {type(other).__name__} {_shapes(found)}; "
+                f"model: {type(layer).__name__} {_shapes(shapes)})"
+            )
+    unused = [name for name in theirs if name not in ours]
+    if "pre_logits" in unused and "head" in ours:
+        unused.remove("pre_logits")  # dropped, and the head after it cannot be used
+        values.pop("head", None)
+        head_reset = "the model has no pre-logits layer (representation_size)"
+    if differ or missing or unused:
+        raise UsageError(
+            f"--weights {path!r} does not fit the model (--model {model_name}): "
+            + "; ".join(
+                part
+                for part in (
+                    differ and "layers whose weights differ: " + ", ".join(differ),
+                    missing and "layers missing from the file: " + ", ".join(missing),
+                    unused and "layers of the file the model has not: " + ", ".join(unused),
+                )
+                if part
+            )
+            + ". Nothing was loaded"
+        )
+    for name, arrays in values.items():
+        ours[name].set_weights(arrays)
+    for note in notes:
+        print(note)
+    if head_reset:
+        print(
+            f"The head was not loaded from {path} ({head_reset}); it keeps its initial zeros, "
+            "to be fine-tuned."
+        )
+
+
+def _resized_position_embedding(layer, other, arrays):
+    """(`other`'s patch-encoder weights with the position embedding resized to
+    `layer`'s grid, a note), or None when anything else differs."""
+    from keras_vit.weights import resize_position_embedding
+
+    names = [w.name for w in layer.weights]
+    if names != [w.name for w in other.weights] or "position_embedding" not in names:
+        return None
+    index = names.index("position_embedding")
+    for i, (array, weight) in enumerate(zip(arrays, layer.weights)):
+        if i != index and tuple(array.shape) != tuple(weight.shape):
+            return None
+    prefix = getattr(layer, "num_prefix_tokens", None)
+    source, target = getattr(other, "grid_size", None), getattr(layer, "grid_size", None)
+    if prefix is None or prefix != getattr(other, "num_prefix_tokens", None) or not source:
+        return None
+    source, target = tuple(source), tuple(target)
+    embedding = arrays[index]
+    if embedding.shape[-1] != layer.weights[index].shape[-1]:
+        return None
+    if embedding.shape[1] != prefix + source[0] * source[1]:
+        return None
+    arrays = list(arrays)
+    arrays[index] = resize_position_embedding(embedding, source, target, prefix)
+    return arrays, f"Resized the position embedding of --weights from a {source} grid to {target}."
 
 
 def _restore(model, work_dir):

@@ -1,0 +1,237 @@
+"""What the sub-commands share: reading a trained model and its class names
+with usage errors that name the file and the flag, and telling the flags that
+were typed from those left at their defaults."""
+
+import argparse
+import json
+import os
+import sys
+import zipfile
+
+from keras_vit.cli import UsageError
+
+
+def explicit_flags(args):
+    """The destinations (e.g. "epochs") of the options typed on the command line.
+
+    `keras_vit.cli.main` keeps the command line as `args._argv`; it is parsed
+    again with every default suppressed, so an option passed with its default
+    value counts too. Without it (`run` called directly), the options whose
+    values differ from their defaults.
+    """
+    run = getattr(args, "_run", None)
+    argv, module = getattr(args, "_argv", None), sys.modules.get(getattr(run, "__module__", ""))
+    names = [name for name in vars(args) if not name.startswith("_") and name != "command"]
+    command = getattr(args, "command", None)
+    if argv is not None and module is not None and command in argv:
+        parser = argparse.ArgumentParser(add_help=False)
+        module.add_arguments(parser)
+        for action in parser._actions:  # unset unless typed (no set_defaults: it keeps a value)
+            action.default = argparse.SUPPRESS
+        try:
+            typed, _ = parser.parse_known_args(argv[argv.index(command) + 1 :])
+        except SystemExit:  # cannot happen after the same line parsed once
+            typed = None
+        if typed is not None:
+            return {k for k, v in vars(typed).items() if v is not argparse.SUPPRESS}
+    parser = getattr(args, "_parser", None)
+    if parser is None:
+        return set()
+    return {name for name in names if getattr(args, name) != parser.get_default(name)}
+
+
+def read_class_names(file, what):
+    """The class names in a JSON file; `what` names it in errors (e.g. "--class-names")."""
+    from keras_vit import export
+
+    try:
+        return export.read_class_names(file)
+    except UnicodeDecodeError as error:
+        raise UsageError(
+            f"{what} {file!r} is not UTF-8 text ({error.reason} at byte {error.start}); it must "
+            "hold a JSON list of class names"
+        ) from None
+    except json.JSONDecodeError as error:
+        raise UsageError(
+            f"{what} {file!r} is not valid JSON ({error}); it must hold a JSON list of class names"
+        ) from None
+    except OSError as error:
+        raise UsageError(f"{what} {file!r} cannot be read: {error.strerror or error}") from None
+    except ValueError as error:  # keras_vit's own check of the content
+        raise UsageError(f"{what}: {error}") from None
+
+
+def find_model_file(path, flag="--model"):
+    """(the .keras file, the folder of its class names) for a .keras file or a run folder."""
+    from keras_vit.export import MODEL_FILE
+
+    if os.path.isdir(path):
+        file = os.path.join(path, MODEL_FILE)
+        if not os.path.isfile(file):
+            raise UsageError(
+                f"{flag} must be a .keras file or a `keras-vit train` output folder holding "
+                f"{MODEL_FILE}. Received: {flag} {path!r} (a folder without {MODEL_FILE})"
+            )
+        return file, path
+    if not os.path.exists(path):
+        raise UsageError(f"{flag}: no such file or folder. Received: {flag} {path!r}")
+    if not path.endswith(".keras"):
+        raise UsageError(
+            f"{flag} must be a .keras file or a `keras-vit train` output folder. "
+            f"Received: {flag} {path!r}"
+        )
+    return path, os.path.dirname(os.path.abspath(path))
+
+
+def load_keras_file(file, flag="--model", **kwargs):
+    """keras.models.load_model(file, safe_mode=True), a file it cannot read being a usage error."""
+    import keras
+
+    import keras_vit  # noqa: F401  (registers the layers)
+
+    if not zipfile.is_zipfile(file):
+        raise UsageError(
+            f"{flag} {file!r} is not a readable .keras file: not a zip archive (truncated, "
+            "corrupt, or of another format)"
+        )
+    try:
+        return keras.models.load_model(file, safe_mode=True, **kwargs)
+    except Exception as error:  # noqa: BLE001 - whatever Keras says of the file's content
+        first = (str(error).strip().splitlines() or [""])[0][:300]
+        raise UsageError(
+            f"{flag} {file!r} cannot be loaded as a Keras model: {type(error).__name__}: {first}"
+        ) from None
+
+
+def num_classes(model):
+    """The classes a model predicts (its head's units), or None without a head."""
+    if "head" not in {layer.name for layer in model.layers}:
+        return None
+    return model.outputs[0].shape[-1]
+
+
+def load_trained(path, class_names_file=None, flag="--model"):
+    """(model, class names or None) as `keras_vit.export.load_trained` reads them.
+
+    `class_names_file` (export --class-names) replaces the class-name file of
+    the folder. A class-name file is read before the model, and must list one
+    name per class of the model's head.
+    """
+    from keras_vit.export import CLASS_NAME_FILES
+
+    file, directory = find_model_file(path, flag)
+    names, source = None, None
+    if class_names_file is not None:
+        if not os.path.isfile(class_names_file):
+            raise UsageError(f"--class-names: no such file. Received: {class_names_file!r}")
+        source = f"--class-names {class_names_file!r}"
+        names = read_class_names(class_names_file, "--class-names")
+    else:
+        for name in CLASS_NAME_FILES:
+            candidate = os.path.join(directory, name)
+            if os.path.isfile(candidate):
+                source = f"the class-name file {candidate!r} (beside {flag})"
+                names = read_class_names(candidate, "the class-name file")
+                break
+    model = load_keras_file(file, flag)
+    classes = num_classes(model)
+    if names is not None and classes is not None and len(names) != classes:
+        raise UsageError(
+            f"{source} lists {len(names)} class names but the model {file!r} has {classes} "
+            "classes; it must list one name per class, in index order"
+        )
+    return model, names
+
+
+def check_data_spec(spec, flag="--data"):
+    """A usage error unless `spec` is digits, tfds:NAME, an existing .npz file or folder."""
+    from keras_vit import data as data_module
+
+    if spec == data_module.DIGITS or (spec.startswith("tfds:") and len(spec) > len("tfds:")):
+        return
+    if spec.endswith(".npz"):
+        if not os.path.isfile(spec):
+            raise UsageError(f"{flag}: no such .npz file. Received: {flag[2:]}={spec!r}")
+        return
+    if not os.path.isdir(spec):
+        what = "a file" if os.path.exists(spec) else "no such folder"
+        raise UsageError(
+            f"{flag} must be 'digits', 'tfds:NAME', a folder with one sub-folder per class or a "
+            f".npz file. Received: {flag[2:]}={spec!r} ({what})"
+        )
+
+
+def load_data(
+    spec, image_size, seed=0, skip_corrupt=False, wanted=None, size_flag=None, flag="--data"
+):
+    """`keras_vit.data.load` at `image_size` = (height, width), with usage errors naming `flag`.
+
+    A .npz file's images are used as they are: another size than
+    `image_size` is a usage error (`wanted` says where the size comes from,
+    e.g. "--image-size 32"; `size_flag`, an option that would fit a square .npz).
+    Other sources are read at the size; a non-square
+    one is read square at the larger side and then resized.
+    """
+    from keras_vit import cli
+    from keras_vit import data as data_module
+
+    check_data_spec(spec, flag)
+    height, width = image_size
+    try:
+        data = data_module.load(
+            spec, image_size=max(height, width), seed=seed, skip_corrupt=skip_corrupt
+        )
+    except ModuleNotFoundError as error:
+        if not spec.startswith("tfds:"):
+            raise
+        raise UsageError(
+            f"{flag} {spec!r} needs the {error.name} package (pip install tensorflow-datasets)"
+        ) from None
+    except Exception as error:  # noqa: BLE001
+        if cli.is_user_error(error):
+            raise UsageError(f"{flag} {spec!r}: {error}") from None
+        if not spec.startswith("tfds:"):
+            raise
+        # TensorFlow Datasets: an unknown name, a dataset not downloaded (offline), ...
+        first = (str(error).strip().splitlines() or [""])[0][:300]
+        raise UsageError(
+            f"{flag} {spec!r}: TensorFlow Datasets cannot load it: {type(error).__name__}: {first}"
+        ) from None
+    found = tuple(data.train.element_spec[0].shape[:2])
+    if found != (height, width):
+        if spec.endswith(".npz"):
+            fix = "resize its arrays"
+            if size_flag is not None and found[0] == found[1]:
+                fix = f"pass {size_flag} {found[0]}, or {fix}"
+            raise UsageError(
+                f"{flag} {spec!r} holds {found[0]}x{found[1]} images, but {wanted} needs "
+                f"{height}x{width}: the images of a .npz file are used as they are, not "
+                f"resized; {fix}"
+            )
+        import tensorflow as tf
+
+        def resize(image, label):
+            image = tf.image.resize(image, (height, width), antialias=True)
+            return tf.cast(tf.clip_by_value(tf.round(image), 0, 255), tf.uint8), label
+
+        data = data_module.Data(
+            data.train.map(resize),
+            data.validation.map(resize),
+            data.class_names,
+            data.train_size,
+            data.validation_size,
+        )
+    return data
+
+
+def validation_hint(spec, data):
+    """Why `data` has no validation image, and what to do about it."""
+    total = data.train_size + data.validation_size
+    if spec.endswith(".npz"):
+        return "its x_test and y_test are empty; put validation images in them"
+    if spec.startswith("tfds:"):
+        return "its validation (or test) split is empty"
+    return (
+        f"a folder's validation images are 20% of its {total} images, rounded: none here; "
+        "add images (3 or more in all)"
+    )

@@ -1,0 +1,407 @@
+"""`keras-vit` on bad input: usage errors (exit status 2) that name the flag or
+file, and nothing written or deleted before every argument has been checked.
+
+The commands run in this process through keras_vit.cli.main, on tiny models
+and data: most cases stop before any training.
+"""
+
+import argparse
+import json
+import os
+
+import keras
+import numpy as np
+import pytest
+
+import keras_vit
+from keras_vit import cli
+from keras_vit.commands import train as train_command
+
+pytestmark = pytest.mark.tensorflow_only
+
+DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
+TINY = ["--model", "vit-test", "--image-size", "8", "--batch-size", "8", "--quiet"]
+
+
+def run_cli(capsys, *argv):
+    """(exit status, stdout, stderr) of `keras-vit ARGV`; an exception fails the test."""
+    capsys.readouterr()
+    code = cli.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_usage_error(result, *phrases):
+    code, _, err = result
+    assert code == 2, err
+    assert "usage:" in err and "Traceback" not in err
+    for phrase in phrases:
+        assert phrase in err, (phrase, err)
+
+
+@pytest.fixture
+def npz(tmp_path):
+    """40 training and 10 test images of 8 x 8, 3 classes."""
+    rng = np.random.default_rng(0)
+    y = np.arange(50) % 3
+    x = rng.integers(0, 255, size=(50, 8, 8, 3)).astype("uint8")
+    path = tmp_path / "tiny.npz"
+    np.savez(path, x_train=x[:40], y_train=y[:40], x_test=x[40:], y_test=y[40:])
+    return str(path)
+
+
+def tiny_vit(image_size=8, num_classes=3, hidden_dim=16, **overrides):
+    """The layout of `train --model vit-test` (patch 4, 1 block, 2 heads)."""
+    config = dict(patch_size=4, num_layers=1, num_heads=2, mlp_dim=32, name="vision_transformer")
+    config.update(overrides)
+    return keras_vit.VisionTransformer(
+        image_size=image_size, num_classes=num_classes, hidden_dim=hidden_dim, **config
+    )
+
+
+def saved(model, path):
+    model.save(str(path))
+    return str(path)
+
+
+def write_run(folder, completed, **overrides):
+    """A run.json as `keras-vit train` writes it (the defaults, with overrides)."""
+    parser = cli.build_parser()
+    args = parser.parse_args(["train", "--output", str(folder), *TINY])
+    stored = {name: getattr(args, name) for name in train_command.STORED}
+    stored.update(overrides)
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, train_command.RUN_FILE), "w", encoding="utf-8") as file:
+        json.dump({"args": stored, "completed": completed}, file)
+
+
+def image_folder(root, counts, size=(12, 10)):
+    """A folder of class sub-folders holding counts[i] PNGs each."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for label, count in enumerate(counts):
+        os.makedirs(os.path.join(root, f"class{label}"), exist_ok=True)
+        for i in range(count):
+            pixels = rng.integers(0, 255, size=(*size, 3)).astype("uint8")
+            Image.fromarray(pixels).save(os.path.join(root, f"class{label}", f"{i}.png"))
+    return str(root)
+
+
+def png(path, size=(8, 8)):
+    from PIL import Image
+
+    Image.fromarray(np.full((*size, 3), 200, np.uint8)).save(path)
+    return str(path)
+
+
+# 1. train --weights FILE.keras: all or nothing -----------------------------------
+
+
+def test_train_weights_of_another_width_are_refused(capsys, tmp_path, npz):
+    other = saved(tiny_vit(hidden_dim=32), tmp_path / "other.keras")
+    out = tmp_path / "run"
+    result = run_cli(capsys, "train", "--data", npz, *TINY, "--weights", other, "--output", out)
+    assert_usage_error(result, other, "transformer_block_0", "16", "32", "Nothing was loaded")
+    assert not out.exists()
+
+
+def test_train_weights_of_an_unrelated_model_are_refused(capsys, tmp_path, npz):
+    inputs = keras.Input((8, 8, 3))
+    outputs = keras.layers.Dense(3, name="dense")(keras.layers.Flatten()(inputs))
+    unrelated = saved(keras.Model(inputs, outputs), tmp_path / "unrelated.keras")
+    out = tmp_path / "run"
+    result = run_cli(capsys, "train", "--data", npz, *TINY, "--weights", unrelated, "--output", out)
+    assert_usage_error(result, unrelated, "patch_encoder", "dense")
+    assert not out.exists()
+
+
+def test_train_weights_keras_loads_all_but_a_head_of_another_size(capsys, tmp_path):
+    """As keras_vit.load_weights: the head is reset, the position embedding resized."""
+    source = tiny_vit(image_size=8, num_classes=3)
+    for variable in source.weights:
+        variable.assign(np.random.default_rng(1).normal(size=variable.shape))
+    path = saved(source, tmp_path / "source.keras")
+    model = tiny_vit(image_size=16, num_classes=5)
+    train_command._load_keras_weights(model, path, "vit-test")
+    out = capsys.readouterr().out
+    assert "head was not loaded" in out and "position embedding" in out
+    np.testing.assert_array_equal(model.get_layer("head").get_weights()[0], 0)
+    for name in ("transformer_block_0", "encoder_norm"):
+        for a, b in zip(model.get_layer(name).get_weights(), source.get_layer(name).get_weights()):
+            np.testing.assert_array_equal(a, b)
+    encoder, original = model.get_layer("patch_encoder"), source.get_layer("patch_encoder")
+    expected = keras_vit.weights.resize_position_embedding(
+        keras.ops.convert_to_numpy(original.position_embedding), (2, 2), (4, 4), 1
+    )
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(encoder.position_embedding), expected)
+
+
+# 2. train --overwrite --------------------------------------------------------------
+
+
+def test_overwrite_checks_the_arguments_before_deleting(capsys, tmp_path):
+    out = tmp_path / "run"
+    write_run(out, completed=True)
+    (out / "model.keras").write_text("the earlier run's model")
+    result = run_cli(
+        capsys, "train", "--output", out, "--overwrite", "--data", tmp_path / "missing.npz"
+    )
+    assert_usage_error(result, "--data", "missing.npz")
+    assert (out / "model.keras").read_text() == "the earlier run's model"
+
+
+def test_overwrite_refuses_a_folder_that_is_not_a_run(capsys, tmp_path, npz):
+    out = tmp_path / "thesis"
+    out.mkdir()
+    (out / "chapter1.tex").write_text("precious")
+    result = run_cli(capsys, "train", "--data", npz, *TINY, "--output", out, "--overwrite")
+    assert_usage_error(result, "run.json", "chapter1.tex", "nothing was deleted")
+    assert (out / "chapter1.tex").read_text() == "precious"
+
+
+def test_overwrite_removes_the_runs_files_and_keeps_the_others(capsys, tmp_path):
+    out = tmp_path / "run"
+    write_run(out, completed=True, epochs=9)
+    for name in ("model.keras", "best.keras", "history.csv", "notes.txt"):
+        (out / name).write_text("x")
+    (out / "backup").mkdir()
+    (out / "backup" / "latest.weights.h5").write_text("x")
+    args = argparse.Namespace(output=str(out), **{n: None for n in train_command.STORED})
+    args.epochs = 1
+    train_command._commit_output(args, "overwrite")
+    assert sorted(os.listdir(out)) == ["notes.txt", "run.json"]
+    assert "notes.txt" in capsys.readouterr().out
+    with open(out / "run.json", encoding="utf-8") as file:
+        record = json.load(file)
+    assert record["args"]["epochs"] == 1 and record["completed"] is False
+
+
+# 3. Nothing written before the arguments are valid; --resume's flags ------------
+
+
+@pytest.mark.parametrize(
+    "extra, phrase",
+    [
+        (["--dropout", "1.5"], "--dropout"),
+        (["--image-size", "16"], "16x16"),  # the .npz holds 8 x 8 images
+        (["--weights", os.path.join(DATA, "timm_square.safetensors")], "--weights"),
+    ],
+)
+def test_a_bad_argument_writes_nothing(capsys, tmp_path, npz, extra, phrase):
+    out = tmp_path / "run"
+    result = run_cli(capsys, "train", "--data", npz, *TINY, *extra, "--output", out)
+    assert_usage_error(result, phrase)
+    assert not out.exists()
+
+
+def test_resume_refuses_options_that_differ_from_the_run(capsys, tmp_path):
+    out = tmp_path / "run"
+    write_run(out, completed=False, epochs=2, dropout=0.0)
+    result = run_cli(capsys, "train", "--output", out, "--resume", "--dropout", "0.1")
+    assert_usage_error(result, "--dropout 0.1", "0.0")
+    # Typed with its default value (30) is still typed: the run has 2 epochs.
+    result = run_cli(capsys, "train", "--output", out, "--resume", "--epochs", "30")
+    assert_usage_error(result, "--epochs 30", "2")
+    result = run_cli(capsys, "train", "--output", out, "--resume", "--overwrite")
+    assert_usage_error(result, "--resume", "--overwrite")
+    assert sorted(os.listdir(out)) == ["run.json"]
+
+
+def test_resume_of_a_finished_run_with_more_epochs_says_how_to_go_on(capsys, tmp_path):
+    out = tmp_path / "run"
+    write_run(out, completed=True, epochs=2)
+    result = run_cli(capsys, "train", "--output", out, "--resume", "--epochs", "5")
+    assert_usage_error(result, "--epochs 5", "--weights", "model.keras")
+    # The same values as the run's are no contradiction.
+    code, stdout, err = run_cli(capsys, "train", "--output", out, "--resume", "--epochs", "2")
+    assert code == 0 and "already complete" in stdout, err
+
+
+# 4. convert ------------------------------------------------------------------------
+
+NONSQUARE = os.path.join(DATA, "timm_nonsquare.safetensors")
+
+
+def test_convert_a_non_square_checkpoint_and_refuse_to_overwrite(capsys, tmp_path):
+    destination = tmp_path / "nonsquare.keras"
+    args = ["convert", NONSQUARE, destination, "--image-size", "32", "48", "--num-heads", "4"]
+    code, _, err = run_cli(capsys, *args)
+    assert code == 0, err
+    model = keras.models.load_model(destination)
+    assert tuple(model.input_shape[1:3]) == (32, 48)
+    inputs = np.load(os.path.join(DATA, "timm_nonsquare_inputs.npy"))
+    logits = np.load(os.path.join(DATA, "timm_nonsquare_logits.npy"))
+    np.testing.assert_allclose(model.predict(inputs, verbose=0), logits, atol=1e-4)
+    before = destination.read_bytes()
+    assert_usage_error(run_cli(capsys, *args), "--overwrite", str(destination))
+    assert destination.read_bytes() == before
+    code, _, err = run_cli(capsys, *args, "--overwrite")
+    assert code == 0, err
+    assert [name for name in os.listdir(tmp_path) if name.endswith(".keras")] == ["nonsquare.keras"]
+
+
+@pytest.mark.parametrize(
+    "args, phrases",
+    [
+        (["nonexistent.npz", "x.keras"], ["SRC", "nonexistent.npz"]),
+        ([NONSQUARE, "x.keras", "--config", '{"bogus": 1}'], ["--config", "bogus"]),
+        ([NONSQUARE, "x.keras", "--config", "[1, 2]"], ["--config", "JSON object"]),
+        ([NONSQUARE, "x.keras"], ["SRC", "pass --image-size H W"]),  # non-square: its size
+        ([NONSQUARE, "{file}/x.keras", "--image-size", "32", "48"], ["DST", "{file}"]),
+    ],
+)
+def test_convert_usage_errors(capsys, tmp_path, args, phrases):
+    file = tmp_path / "a_file"
+    file.write_text("")
+    args = [a.replace("{file}", str(file)) for a in args]
+    phrases = [p.replace("{file}", str(file)) for p in phrases]
+    result = run_cli(capsys, "convert", *args)
+    assert_usage_error(result, *phrases)
+    assert "`weights`" not in result[2]
+
+
+# 5. evaluate a non-square model ----------------------------------------------------
+
+
+def test_evaluate_a_non_square_model(capsys, tmp_path):
+    model = tiny_vit(image_size=(8, 12), num_classes=2)
+    path = saved(model, tmp_path / "wide.keras")
+    data = image_folder(tmp_path / "images", [3, 3])
+    code, out, err = run_cli(capsys, "evaluate", "--model", path, "--data", data)
+    assert code == 0, err
+    assert "1 images: loss" in out
+
+
+# 6. Unreadable class names, .keras files, outputs and data sets --------------------
+
+
+@pytest.fixture
+def run_folder(tmp_path):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    saved(tiny_vit(), folder / "model.keras")
+    return folder
+
+
+@pytest.mark.parametrize(
+    "content, phrase",
+    [
+        (b"{'a', 'b'", "not valid JSON"),
+        (b'["\xff\xfe"]', "not UTF-8"),
+        (b'["only one", "two"]', "lists 2 class names"),  # the model has 3 classes
+    ],
+)
+@pytest.mark.parametrize("command", ["predict", "explain", "export"])
+def test_bad_class_name_files_are_usage_errors(
+    capsys, tmp_path, run_folder, content, phrase, command
+):
+    (run_folder / "classes.json").write_bytes(content)
+    image = png(tmp_path / "x.png")
+    args = {
+        "predict": ["predict", image, "--model", run_folder],
+        "explain": ["explain", image, "--model", run_folder, "--output", tmp_path / "ex"],
+        "export": ["export", "--model", run_folder, "--output", tmp_path / "sm"],
+    }[command]
+    assert_usage_error(run_cli(capsys, *args), "classes.json", phrase)
+
+
+def test_export_class_names_file_is_checked(capsys, tmp_path, run_folder):
+    names = tmp_path / "names.json"
+    names.write_text("[not json")
+    result = run_cli(
+        capsys, "export", "--model", run_folder, "--output", tmp_path / "sm",
+        "--class-names", names,
+    )  # fmt: skip
+    assert_usage_error(result, "--class-names", "names.json", "not valid JSON")
+
+
+def test_a_corrupt_keras_file_is_a_usage_error(capsys, tmp_path):
+    corrupt = tmp_path / "corrupt.keras"
+    corrupt.write_bytes(b"PK\x03\x04 truncated")
+    image = png(tmp_path / "x.png")
+    result = run_cli(capsys, "predict", image, "--model", corrupt)
+    assert_usage_error(result, "corrupt.keras", "not a readable .keras file")
+    assert "File not found" not in result[2]
+
+
+def test_explain_output_that_is_a_file(capsys, tmp_path, run_folder):
+    image = png(tmp_path / "x.png")
+    result = run_cli(capsys, "explain", image, "--model", run_folder, "--output", image)
+    assert_usage_error(result, "--output", "x.png")
+
+
+def test_predict_files_with_too_few_class_names(tmp_path):
+    from keras_vit.commands.predict import predict_files
+
+    with pytest.raises(ValueError, match="class_names"):
+        predict_files(tiny_vit(), [png(tmp_path / "x.png")], class_names=["a"])
+
+
+def test_train_unknown_tfds_dataset(capsys, tmp_path):
+    out = tmp_path / "run"
+    result = run_cli(capsys, "train", "--data", "tfds:nonexistent_xyz", *TINY, "--output", out)
+    assert_usage_error(result, "--data", "nonexistent_xyz")
+    assert not out.exists()
+
+
+# 7. Too few classes or images ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "counts, phrases",
+    [([2], ["1 class", "2 or more"]), ([1, 1], ["0 validation images", "add images"])],
+)
+def test_train_data_too_small_is_refused_before_training(capsys, tmp_path, counts, phrases):
+    data = image_folder(tmp_path / "images", counts)
+    out = tmp_path / "run"
+    args = ["train", "--data", data, *TINY, "--batch-size", "2", "--output", out]
+    assert_usage_error(run_cli(capsys, *args), *phrases)
+    assert not out.exists()
+
+
+# 8. export: options of the other format --------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args, flag",
+    [
+        (["--format", "tflite", "--no-preprocessing"], "--no-preprocessing"),
+        (["--format", "tflite", "--top-k", "3"], "--top-k"),
+        (["--format", "saved_model", "--quantization", "float16"], "--quantization"),
+    ],
+)
+def test_export_refuses_options_of_the_other_format(capsys, tmp_path, run_folder, args, flag):
+    output = tmp_path / "out"
+    assert_usage_error(
+        run_cli(capsys, "export", "--model", run_folder, "--output", output, *args), flag
+    )
+    assert not output.exists()
+
+
+# 9. --jit-compile's help -----------------------------------------------------------
+
+
+def test_jit_compile_help_says_where_evaluation_leaves_xla(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    help_text = text[text.rindex("--jit-compile {") :]  # the option's entry, not the usage
+    help_text = help_text[: help_text.index("--remat")]
+    assert "Intel" in help_text and "plan_xla" in help_text
+    assert "machine with AVX-512 evaluation" not in help_text
+
+
+# The CLI's rule for TypeErrors ------------------------------------------------------
+
+
+def test_only_typeerrors_that_keras_vit_raises_are_usage_errors():
+    from keras_vit import export
+    from keras_vit.commands.predict import predict_files
+
+    with pytest.raises(TypeError) as raised:
+        export.load_trained(3)
+    assert cli.is_user_error(raised.value)
+    with pytest.raises(TypeError) as bug:  # Python's, in keras_vit: a bug, not a usage error
+        predict_files(tiny_vit(), None)
+    assert not cli.is_user_error(bug.value)
