@@ -184,7 +184,7 @@ def test_overwrite_removes_the_runs_files_and_keeps_the_others(capsys, tmp_path)
     "extra, phrase",
     [
         (["--dropout", "1.5"], "--dropout"),
-        (["--image-size", "16"], "16x16"),  # the .npz holds 8 x 8 images
+        (["--label-smoothing", "1.5"], "--label-smoothing"),
         (["--weights", os.path.join(DATA, "timm_square.safetensors")], "--weights"),
     ],
 )
@@ -350,7 +350,7 @@ def test_train_unknown_tfds_dataset(capsys, tmp_path):
 
 @pytest.mark.parametrize(
     "counts, phrases",
-    [([2], ["1 class", "2 or more"]), ([1, 1], ["0 validation images", "add images"])],
+    [([2], ["1 class", "2 or more"]), ([1], ["--data", "at least 2 readable images"])],
 )
 def test_train_data_too_small_is_refused_before_training(capsys, tmp_path, counts, phrases):
     data = image_folder(tmp_path / "images", counts)

@@ -161,16 +161,11 @@ def check_data_spec(spec, flag="--data"):
         )
 
 
-def load_data(
-    spec, image_size, seed=0, skip_corrupt=False, wanted=None, size_flag=None, flag="--data"
-):
+def load_data(spec, image_size, seed=0, skip_corrupt=False, flag="--data"):
     """`keras_vit.data.load` at `image_size` = (height, width), with usage errors naming `flag`.
 
-    A .npz file's images are used as they are: another size than
-    `image_size` is a usage error (`wanted` says where the size comes from,
-    e.g. "--image-size 32"; `size_flag`, an option that would fit a square .npz).
-    Other sources are read at the size; a non-square
-    one is read square at the larger side and then resized.
+    `keras_vit.data.load` reads every source (folder, tfds, .npz) square at
+    the larger side; a non-square size is then resized once more.
     """
     from keras_vit import cli
     from keras_vit import data as data_module
@@ -199,15 +194,6 @@ def load_data(
         ) from None
     found = tuple(data.train.element_spec[0].shape[:2])
     if found != (height, width):
-        if spec.endswith(".npz"):
-            fix = "resize its arrays"
-            if size_flag is not None and found[0] == found[1]:
-                fix = f"pass {size_flag} {found[0]}, or {fix}"
-            raise UsageError(
-                f"{flag} {spec!r} holds {found[0]}x{found[1]} images, but {wanted} needs "
-                f"{height}x{width}: the images of a .npz file are used as they are, not "
-                f"resized; {fix}"
-            )
         import tensorflow as tf
 
         def resize(image, label):
@@ -226,12 +212,8 @@ def load_data(
 
 def validation_hint(spec, data):
     """Why `data` has no validation image, and what to do about it."""
-    total = data.train_size + data.validation_size
     if spec.endswith(".npz"):
         return "its x_test and y_test are empty; put validation images in them"
     if spec.startswith("tfds:"):
         return "its validation (or test) split is empty"
-    return (
-        f"a folder's validation images are 20% of its {total} images, rounded: none here; "
-        "add images (3 or more in all)"
-    )
+    return "add images to the folder (keras_vit.data.load keeps one or more for validation)"

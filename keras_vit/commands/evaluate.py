@@ -49,7 +49,6 @@ def run(args):
         (height, width),
         seed=args.seed,
         skip_corrupt=args.skip_corrupt,
-        wanted=f"the model ({args.model})",
     )
     if data.num_classes != classes:
         raise ValueError(

@@ -584,8 +584,6 @@ def _load_data(args):
         (size, size),
         seed=args.seed,
         skip_corrupt=args.skip_corrupt,
-        wanted=f"--image-size {size}",
-        size_flag="--image-size",
     )
     if data.num_classes < 2:
         raise UsageError(
