@@ -7,8 +7,10 @@ the step's thousands of small operations waits for both cores. With streams,
 each batch is cut into `streams` parts that do not depend on each other (a
 ViT computes each image on its own); each part runs on its own group of cores,
 and TensorFlow's executor runs the parts at the same time. On a 2-core
-machine, two streams made ViT-S/16, ViT-B/16 and ViT-S/16 384 predict 5-17%
+Intel Xeon, two streams made ViT-S/16, ViT-B/16 and ViT-S/16 384 predict 5-17%
 and train 6-14% faster in two bench runs (docs/performance.md, "CPU streams").
+On 2-core AMD EPYCs, whose default already predicts in two XLA parts, they
+predicted level (0.95-1.02x) and trained 0.91-1.11x as fast (README, Training).
 
 Two steps:
 
