@@ -4,7 +4,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_vit.layers._checks import as_pair, positive_int
+from keras_vit.layers._checks import as_pair, boolean, positive_int
 from keras_vit.layers.patches import check_image_shape
 
 
@@ -52,9 +52,7 @@ class PatchEncoder(keras.layers.Layer):
         super().__init__(**kwargs)
         self.patch_size = as_pair("patch_size", patch_size)
         self.hidden_dim = positive_int("hidden_dim", hidden_dim)
-        if not isinstance(class_token, bool):
-            raise TypeError(f"`class_token` must be a bool. Received: class_token={class_token!r}")
-        self.class_token = class_token
+        self.class_token = boolean("class_token", class_token)
         # Any image size when set: the position embedding's grid, resized per input.
         self.dynamic = grid_size is not None
         self.grid_size = as_pair("grid_size", grid_size) if self.dynamic else None
