@@ -80,3 +80,68 @@ def test_real_checks_range_and_type():
         real("lr", "4e-3", low=0, low_open=True)
     with pytest.raises(ValueError, match="non-negative"):
         real("weight_decay", float("nan"), low=0)
+
+
+# Images of the wrong size in a traced function --------------------------------
+
+
+def test_a_single_image_is_told_to_get_a_batch_axis():
+    encoder = layers.PatchEncoder(8, hidden_dim=8)
+    with pytest.raises(ValueError, match=r"batch of images, of rank 4.*\(32, 32, 3\).*batch axis"):
+        encoder(np.zeros((32, 32, 3), "float32"))
+
+
+def test_a_fixed_encoder_names_its_size():
+    encoder = layers.PatchEncoder(8, hidden_dim=8)
+    encoder(np.zeros((1, 32, 32, 3), "float32"))
+    with pytest.raises(ValueError, match=r"\(batch, 32, 32, 3\).*Received: images.shape=\(1, 48"):
+        encoder(np.zeros((1, 48, 48, 3), "float32"))
+
+
+@pytest.mark.tensorflow_only
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_predict_at_another_size_after_a_first_call_names_both_sizes(tiny_config, jit_compile):
+    # Keras traces predict anew for any size once it has seen a second one:
+    # the sizes are then checked when the function runs.
+    tf = pytest.importorskip("tensorflow")
+    model = keras_vit.VisionTransformer(**tiny_config)
+    model.compile(jit_compile=jit_compile)
+    model.predict(np.zeros((2, 32, 32, 3), "float32"), verbose=0)
+    for shape in [(2, 64, 64, 3), (3, 40, 40, 3)]:
+        with pytest.raises(tf.errors.InvalidArgumentError) as error:
+            model.predict(np.zeros(shape, "float32"), verbose=0)
+        message = str(error.value)
+        assert "32, 32, 3" in message or "32,32,3" in message
+        received = ",".join(map(str, shape))
+        assert received in message or received.replace(",", " ") in message
+    assert model.predict(np.zeros((1, 32, 32, 3), "float32"), verbose=0).shape == (1, 10)
+
+
+@pytest.mark.tensorflow_only
+def test_images_of_unknown_static_size_run_when_they_fit(tiny_config):
+    tf = pytest.importorskip("tensorflow")
+    model = keras_vit.VisionTransformer(**tiny_config)
+    images = np.random.default_rng(0).uniform(-1, 1, (4, 32, 32, 3)).astype("float32")
+    function = tf.function(lambda x: model(x, training=False))
+    unknown = function.get_concrete_function(tf.TensorSpec([None, None, None, None]))
+    np.testing.assert_allclose(unknown(tf.constant(images)), model(images), atol=1e-5)
+    with pytest.raises(
+        tf.errors.InvalidArgumentError, match=r"\(batch, 32, 32, 3\).*\[4 32 32 1\]"
+    ):
+        unknown(tf.zeros((4, 32, 32, 1)))
+
+
+@pytest.mark.tensorflow_only
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_a_dynamic_model_refuses_sizes_that_do_not_tile(tiny_config, jit_compile):
+    # XLA drops assertions: without another check, the convolution would
+    # silently drop the leftover rows and columns.
+    tf = pytest.importorskip("tensorflow")
+    model = keras_vit.VisionTransformer(**tiny_config, dynamic_image_size=True)
+    model.compile(jit_compile=jit_compile)
+    for size in (32, 40):
+        model.predict(np.zeros((2, size, size, 3), "float32"), verbose=0)
+    for size in (36, 4):
+        with pytest.raises(tf.errors.InvalidArgumentError, match="multiple"):
+            model.predict(np.zeros((2, size, size, 3), "float32"), verbose=0)
+    assert model.predict(np.zeros((1, 48, 24, 3), "float32"), verbose=0).shape == (1, 10)
