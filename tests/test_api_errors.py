@@ -145,3 +145,67 @@ def test_a_dynamic_model_refuses_sizes_that_do_not_tile(tiny_config, jit_compile
         with pytest.raises(tf.errors.InvalidArgumentError, match="multiple"):
             model.predict(np.zeros((2, size, size, 3), "float32"), verbose=0)
     assert model.predict(np.zeros((1, 48, 24, 3), "float32"), verbose=0).shape == (1, 10)
+
+
+# The training recipe -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        (dict(total_steps="100"), ValueError, "`total_steps` must be a positive integer"),
+        (dict(total_steps=0), ValueError, "total_steps=0"),
+        (dict(learning_rate=-1), ValueError, "`learning_rate` must be a positive number"),
+        (dict(learning_rate="1e-3"), TypeError, "learning_rate='1e-3' of type str"),
+        (dict(label_smoothing=2), ValueError, r"`label_smoothing` must be a number in \[0, 1\)"),
+        (dict(weight_decay=-1), ValueError, "`weight_decay` must be a non-negative number"),
+        (dict(warmup_steps=-5), ValueError, "`warmup_steps` must be a non-negative integer"),
+        (dict(clipnorm=-1.0), ValueError, "`clipnorm` must be a non-negative number"),
+        (dict(optimizer="adam"), ValueError, "`optimizer` must be 'adamw' or 'sgd'"),
+    ],
+)
+def test_compile_model_names_bad_arguments(tiny_config, kwargs, error, message):
+    from keras_vit import training
+
+    model = keras_vit.VisionTransformer(**tiny_config)
+    kwargs = {"total_steps": 100, **kwargs}
+    with pytest.raises(error, match=message):
+        training.compile_model(model, **kwargs)
+
+
+def test_compile_model_needs_a_model():
+    from keras_vit import training
+
+    with pytest.raises(ValueError, match="`model` must be a keras.Model. Received: model='m'"):
+        training.compile_model("m", 100)
+
+
+def test_warmup_longer_than_the_run_warms_up_over_the_whole_run(tiny_config):
+    # Documented: keras-vit train passes more warm-up than steps for short runs.
+    from keras_vit import training
+
+    model = keras_vit.VisionTransformer(**tiny_config)
+    training.compile_model(model, total_steps=100, warmup_steps=200, jit_compile=False)
+    schedule = model.optimizer._learning_rate
+    assert isinstance(schedule, training.WarmupCosine)
+    assert schedule.warmup_steps == schedule.total_steps == 100
+
+
+def test_schedule_optimizer_and_scaling_check_their_arguments():
+    from keras_vit import training
+
+    with pytest.raises(TypeError, match="`base_lr` must be a positive number.*'4e-3'"):
+        training.scaled_learning_rate("4e-3", 64)
+    with pytest.raises(ValueError, match="`global_batch_size` must be a positive integer"):
+        training.scaled_learning_rate(4e-3, 0)
+    assert training.scaled_learning_rate(4e-3, 64) == pytest.approx(1e-3)
+    with pytest.raises(ValueError, match="`total_steps` must be a positive integer"):
+        training.WarmupCosine(1e-3, total_steps=10.5)
+    with pytest.raises(ValueError, match="`peak` must be a non-negative number"):
+        training.WarmupCosine(-1e-3, total_steps=10)
+    with pytest.raises(ValueError, match="`momentum` must be a number in"):
+        training.build_optimizer("sgd", 0.1, momentum=1.5)
+    with pytest.raises(ValueError, match="`learning_rate` must be a positive number"):
+        training.build_optimizer("adamw", 0.0)
+    schedule = training.WarmupCosine(1e-3, total_steps=10)
+    assert training.build_optimizer("adamw", schedule, weight_decay=None) is not None
