@@ -1,6 +1,8 @@
 """Bad arguments get errors that name the argument, what was expected and what
 was received (DESIGN.md, "Rules of the house"). Tiny models only: seconds."""
 
+import os
+
 import keras
 import numpy as np
 import pytest
@@ -209,3 +211,59 @@ def test_schedule_optimizer_and_scaling_check_their_arguments():
         training.build_optimizer("adamw", 0.0)
     schedule = training.WarmupCosine(1e-3, total_steps=10)
     assert training.build_optimizer("adamw", schedule, weight_decay=None) is not None
+
+
+# Checkpoints --------------------------------------------------------------------
+
+SQUARE = os.path.join(os.path.dirname(__file__), "data", "timm_square.safetensors")
+SQUARE_CONFIG = dict(
+    image_size=32, patch_size=8, num_layers=2, num_heads=4, hidden_dim=64, mlp_dim=128
+)
+
+
+@pytest.mark.parametrize("path", [None, 123, b"model.npz"])
+def test_load_weights_names_a_path_that_is_not_one(tiny_config, path):
+    model = keras_vit.VisionTransformer(**tiny_config)
+    with pytest.raises(TypeError, match=r"`path` must be a file system path.*Received: path="):
+        keras_vit.load_weights(model, path)
+
+
+def test_load_weights_names_a_model_that_is_not_a_vit():
+    with pytest.raises(TypeError, match="`model` must be a keras.Model.*'notamodel'"):
+        keras_vit.load_weights("notamodel", SQUARE)
+    dense = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    with pytest.raises(ValueError, match=r"no PatchEncoder layer.*\['dense'\]"):
+        keras_vit.load_weights(dense, SQUARE)
+
+
+def test_load_weights_checks_grid_and_method_before_reading():
+    model = keras_vit.VisionTransformer(**{**SQUARE_CONFIG, "image_size": 48})
+    before = [w.copy() for w in model.get_weights()]
+    with pytest.raises(ValueError, match=r"`source_grid` must be a positive int or a.*'4x4'"):
+        keras_vit.load_weights(model, SQUARE, source_grid="4x4")
+    with pytest.raises(ValueError, match=r"`resize_method` must be None.*'bicubic'"):
+        keras_vit.load_weights(model, SQUARE, resize_method="bicubic")
+    assert all(np.array_equal(a, b) for a, b in zip(before, model.get_weights()))
+    assert keras_vit.load_weights(model, SQUARE, source_grid=4)["resized"] == ((4, 4), (6, 6))
+
+
+def test_resize_position_embedding_names_its_grids():
+    posemb = np.zeros((1, 17, 8), "float32")
+    with pytest.raises(ValueError, match=r"`target_grid` must be.*target_grid=\(0, 6\)"):
+        keras_vit.resize_position_embedding(posemb, (4, 4), (0, 6))
+    with pytest.raises(ValueError, match=r"`source_grid` must be.*source_grid='4x4'"):
+        keras_vit.resize_position_embedding(posemb, "4x4", (6, 6))
+    with pytest.raises(ValueError, match="`num_prefix_tokens` must be a non-negative integer"):
+        keras_vit.resize_position_embedding(posemb, (4, 4), (6, 6), num_prefix_tokens=-1)
+    # An int is a square grid, as for image_size.
+    assert keras_vit.resize_position_embedding(posemb, (4, 4), 6).shape == (1, 37, 8)
+
+
+def test_infer_config_checks_its_overrides():
+    from keras_vit.weights import infer_config
+
+    with pytest.raises(ValueError, match="`num_heads` must be a positive integer.*'2'"):
+        infer_config(SQUARE, num_heads="2")
+    with pytest.raises(ValueError, match="`num_heads` must divide.*hidden_dim=64.*num_heads=3"):
+        infer_config(SQUARE, num_heads=3)
+    assert infer_config(SQUARE, num_heads=2)["num_heads"] == 2

@@ -30,15 +30,24 @@ def non_negative_int(name, value):
 
 
 def as_pair(name, value):
-    """Return (h, w) from an int or a pair of positive ints."""
+    """Return (h, w) from a positive int or a pair of positive ints."""
     if isinstance(value, (list, tuple)):
-        if len(value) != 2:
+        if len(value) != 2 or not all(_is_positive_int(side) for side in value):
             raise ValueError(
-                f"`{name}` must be an int or a (height, width) pair. Received: {name}={value!r}"
+                f"`{name}` must be a positive int or a (height, width) pair of positive ints. "
+                f"Received: {name}={value!r}"
             )
-        return (positive_int(name, value[0]), positive_int(name, value[1]))
-    value = positive_int(name, value)
-    return (value, value)
+        return (int(value[0]), int(value[1]))
+    if not _is_positive_int(value):
+        raise ValueError(
+            f"`{name}` must be a positive int or a (height, width) pair of positive ints. "
+            f"Received: {name}={value!r}"
+        )
+    return (int(value), int(value))
+
+
+def _is_positive_int(value):
+    return not isinstance(value, bool) and isinstance(value, numbers.Integral) and value > 0
 
 
 def rate(name, value):
