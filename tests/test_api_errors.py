@@ -267,3 +267,54 @@ def test_infer_config_checks_its_overrides():
     with pytest.raises(ValueError, match="`num_heads` must divide.*hidden_dim=64.*num_heads=3"):
         infer_config(SQUARE, num_heads=3)
     assert infer_config(SQUARE, num_heads=2)["num_heads"] == 2
+
+
+# Inspection and plots -------------------------------------------------------------
+
+
+def test_inspection_names_a_model_that_is_not_one(tiny_config):
+    with pytest.raises(TypeError, match="`model` must be a keras.Model.*Received: model='m'"):
+        keras_vit.position_embedding_similarity("m")
+    with pytest.raises(TypeError, match="`model` must be a keras.Model.*Received: model='m'"):
+        keras_vit.plot_position_embedding_similarity("m")
+    model = keras_vit.VisionTransformer(**tiny_config)
+    with pytest.raises(TypeError, match="`maps` must be the list.*not a model"):
+        keras_vit.attention_rollout(model)
+    with pytest.raises(TypeError, match="`maps` must be a list of"):
+        keras_vit.attention_rollout(3)
+    maps = keras_vit.attention_maps(model, np.zeros((1, 32, 32, 3), "float32"))
+    with pytest.raises(ValueError, match="one layer's maps"):
+        keras_vit.attention_rollout(maps[0])
+    with pytest.raises(TypeError, match="`patch_grid` must be True or False.*'no'"):
+        keras_vit.feature_extractor(model, patch_grid="no")
+    with pytest.raises(ValueError, match="`images` must be given when `maps` is not"):
+        keras_vit.mean_attention_distance(model, None)
+
+
+def test_unscaled_images_are_refused_where_scaled_ones_are_expected(tiny_config):
+    model = keras_vit.VisionTransformer(**tiny_config)
+    pixels = np.random.default_rng(0).integers(0, 256, (2, 32, 32, 3), dtype=np.uint8)
+    with pytest.raises(ValueError, match=r"keras_vit.preprocess_inputs.*Received: uint8 images"):
+        keras_vit.attention_maps(model, pixels)
+    with pytest.raises(ValueError, match=r"scaled to \[-1, 1\].*values in \[0, 255\]"):
+        keras_vit.attention_maps(model, pixels.astype("float32"))
+    with pytest.raises(ValueError, match="uint8 images"):
+        keras_vit.plot_mean_attention_distance(model, pixels)
+    scaled = keras_vit.preprocess_inputs(pixels)  # a tensor: checked too, and accepted
+    assert [m.shape for m in keras_vit.attention_maps(model, scaled)] == [(2, 2, 17, 17)] * 2
+
+
+def test_plot_attention_refuses_images_it_would_misread():
+    rollout = np.random.default_rng(0).uniform(size=(4, 4))
+    pixels = np.random.default_rng(1).integers(0, 256, (32, 32, 3))
+    with pytest.raises(
+        ValueError, match=r"astype\('uint8'\). Received: float64 values in \[0, 25\d\]"
+    ):
+        keras_vit.plot_attention(pixels.astype("float64"), rollout)
+    with pytest.raises(ValueError, match=r"astype\('uint8'\). Received: an image of dtype int64"):
+        keras_vit.plot_attention(pixels.astype("int64"), rollout)
+    with pytest.raises(TypeError, match=r"`alpha` must be a number in \[0, 1\].*'0.5'"):
+        keras_vit.plot_attention(pixels.astype("uint8"), rollout, alpha="0.5")
+    # What the docstring promises still works: uint8, and floats in [-1, 1].
+    keras_vit.plot_attention(pixels.astype("uint8"), rollout)
+    keras_vit.plot_attention(pixels / 127.5 - 1.0, rollout)
