@@ -220,12 +220,11 @@ def _write_saved_model(archive, path):
     os.mkdir(staging)  # the default permissions, unlike tempfile.mkdtemp's 0700
     try:
         archive.write_out(staging, verbose=False)
-        if os.path.isdir(path) and not os.listdir(path):
-            os.rmdir(path)
-        if not os.path.exists(path):
+        if not os.path.lexists(path):
             os.rename(staging, path)
             return
-        # overwrite=True: the SavedModel's entries are replaced, other files stay.
+        # An empty directory, or overwrite=True: the SavedModel's entries are
+        # replaced, other files stay.
         written = os.listdir(staging)
         for name in set(SAVED_MODEL_ENTRIES) | set(written):
             old = os.path.join(path, name)
