@@ -27,14 +27,27 @@ Keras backend the package was imported with.
 import json
 import numbers
 import os
+import shutil
 import tempfile
+import uuid
 
 import keras
 
+from keras_vit.layers._checks import boolean, path_like
 from keras_vit.layers.attention import batched_core_only
 
 QUANTIZATIONS = (None, "dynamic", "float16")
 CLASS_NAME_FILES = ("classes.json", "class_names.json")
+# What a SavedModel directory holds: what `overwrite=True` replaces in one.
+SAVED_MODEL_ENTRIES = (
+    "saved_model.pb",
+    "saved_model.pbtxt",
+    "fingerprint.pb",
+    "keras_metadata.pb",
+    "variables",
+    "assets",
+    "assets.extra",
+)
 MODEL_FILE = "model.keras"
 # keras_vit layers whose output is features: a model ending in one has no head.
 FEATURE_LAYERS = ("pooling", "pre_logits", "encoder_norm")
@@ -144,12 +157,102 @@ def _check_top_k(top_k):
 
 
 def _check_path(path, argument="path"):
-    if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(
-            f"`{argument}` must be a file system path. "
-            f"Received: {argument}={path!r} of type {type(path).__name__}"
+    return path_like(argument, path)
+
+
+def _is_remote(path):
+    """Whether `path` is a URL that only TensorFlow's file system reaches (gs://...)."""
+    return "://" in path
+
+
+def _check_target(path, overwrite, directory):
+    """Raise unless the SavedModel `directory` or the file at `path` may be written.
+
+    A new path and an empty directory (or an empty file) may; an existing
+    non-empty one only with `overwrite=True`. A file where a directory is to
+    be written, or the reverse, never.
+    """
+    overwrite = boolean("overwrite", overwrite)
+    if _is_remote(path):
+        gfile = _tf().io.gfile
+        exists = gfile.exists(path)
+        isdir = exists and gfile.isdir(path)
+        empty = exists and (not gfile.listdir(path) if isdir else gfile.stat(path).length == 0)
+    else:
+        exists, isdir = os.path.exists(path), os.path.isdir(path)
+        empty = exists and (not os.listdir(path) if isdir else os.path.getsize(path) == 0)
+    if not exists:
+        return
+    if directory and not isdir:
+        raise ValueError(
+            f"`path` must be a directory to write the SavedModel in (new or empty); {path!r} "
+            f"is a file. Received: path={path!r}"
         )
-    return os.fspath(path)
+    if not directory and isdir:
+        raise ValueError(
+            f"`path` must be the .tflite file to write; {path!r} is a directory. "
+            f"Received: path={path!r}"
+        )
+    if not empty and not overwrite:
+        what = "a directory that is not empty" if isdir else "a file"
+        replaced = "the SavedModel in it (its other files stay)" if isdir else "it"
+        raise FileExistsError(
+            f"`path` {path!r} already exists: {what}. Pass overwrite=True to replace {replaced}, "
+            f"or choose another path. Received: path={path!r}, overwrite=False"
+        )
+
+
+def _sibling(path):
+    """A new hidden name beside `path`, on the same file system (for an atomic rename)."""
+    path = os.path.normpath(os.path.abspath(path))
+    parent, name = os.path.split(path)
+    os.makedirs(parent, exist_ok=True)
+    return os.path.join(parent, f".{name}.partial-{uuid.uuid4().hex[:12]}")
+
+
+def _write_saved_model(archive, path):
+    """Writes the SavedModel beside `path`, then moves it in: a failed export
+    leaves `path` as it was."""
+    if _is_remote(path):
+        archive.write_out(path, verbose=False)
+        return
+    staging = _sibling(path)
+    os.mkdir(staging)  # the default permissions, unlike tempfile.mkdtemp's 0700
+    try:
+        archive.write_out(staging, verbose=False)
+        if not os.path.lexists(path):
+            os.rename(staging, path)
+            return
+        # An empty directory, or overwrite=True: the SavedModel's entries are
+        # replaced, other files stay.
+        written = os.listdir(staging)
+        for name in set(SAVED_MODEL_ENTRIES) | set(written):
+            old = os.path.join(path, name)
+            if os.path.isdir(old) and not os.path.islink(old):
+                shutil.rmtree(old)
+            elif os.path.lexists(old):
+                os.remove(old)
+        for name in written:
+            os.rename(os.path.join(staging, name), os.path.join(path, name))
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _write_file(path, data):
+    """Writes `data` to a new file beside `path`, then renames it to `path`."""
+    if _is_remote(path):
+        with _tf().io.gfile.GFile(path, "wb") as file:
+            file.write(data)
+        return
+    partial = _sibling(path)
+    try:
+        with open(partial, "xb") as file:
+            file.write(data)
+        os.replace(partial, path)
+    except BaseException:
+        if os.path.exists(partial):
+            os.remove(partial)
+        raise
 
 
 # The serving computation ----------------------------------------------------
@@ -229,6 +332,10 @@ def _checked(images, height, width, channels, multiple_of=None):
     `multiple_of`: (rows, columns) the height and width must be multiples of.
     """
     tf = _tf()
+    # The rank first: a signature called through `loaded.signatures[...]` or TF
+    # Serving gets tensors of any rank (an assertion on the rank would be
+    # folded away: the graph takes the rank of its input spec as known).
+    images = tf.ensure_shape(images, [None, None, None, None], name="images_must_be_of_rank_4")
     shape = tf.shape(images)
     checks = [
         tf.debugging.assert_equal(
@@ -321,7 +428,7 @@ def _saved_model_archive(model, preprocessing, class_names, top_k):
     return _archive(model, endpoints)
 
 
-def export_saved_model(model, path, preprocessing=True, class_names=None, top_k=5):
+def export_saved_model(model, path, preprocessing=True, class_names=None, top_k=5, overwrite=False):
     """Writes `model` as a SavedModel for TF Serving and `tf.saved_model.load`.
 
     The SavedModel needs TensorFlow alone to run (not keras_vit, not Keras).
@@ -349,9 +456,20 @@ def export_saved_model(model, path, preprocessing=True, class_names=None, top_k=
             `top_k_class_names` to the outputs.
         top_k: how many of the best classes to return (at most the number of
             classes).
+        overwrite: whether to replace the SavedModel of an existing directory
+            that is not empty (its saved_model.pb, variables/, assets/ and
+            fingerprint.pb; other files in it stay). False (the default)
+            raises a FileExistsError for such a directory; a new path or an
+            empty directory is written either way. The SavedModel is written
+            beside `path` first and moved in when complete, so a failed export
+            leaves `path` as it was.
 
     Returns:
         `path`.
+
+    Raises:
+        FileExistsError: when `path` is a directory that is not empty and
+            `overwrite` is False.
 
     Example:
     >>> import os, tempfile
@@ -362,17 +480,15 @@ def export_saved_model(model, path, preprocessing=True, class_names=None, top_k=
     ...     class_names=["cat", "dog", "fish"], top_k=2)
     """
     path = _check_path(path)
-    if not isinstance(preprocessing, bool):
-        raise TypeError(
-            f"`preprocessing` must be True or False. Received: preprocessing={preprocessing!r}"
-        )
+    preprocessing = boolean("preprocessing", preprocessing)
     top_k = _check_top_k(top_k)
+    _check_target(path, overwrite, directory=True)
     archive = _saved_model_archive(model, preprocessing, class_names, top_k)
-    archive.write_out(path, verbose=False)
+    _write_saved_model(archive, path)
     return path
 
 
-def export_tflite(model, path, quantization=None):
+def export_tflite(model, path, quantization=None, overwrite=False):
     """Writes `model` as a TFLite flat buffer.
 
     The TFLite model takes float32 images [batch, height, width, channels] at
@@ -388,9 +504,16 @@ def export_tflite(model, path, quantization=None):
         quantization: None (float32), "dynamic" (int8 weights, dynamic-range
             quantization; about 4x smaller) or "float16" (float16 weights;
             about 2x smaller).
+        overwrite: whether to replace an existing file that is not empty.
+            False (the default) raises a FileExistsError for one. The file is
+            written beside `path` first and renamed to it when complete.
 
     Returns:
         `path`.
+
+    Raises:
+        FileExistsError: when `path` is a file that is not empty and
+            `overwrite` is False.
     """
     tf = _tf()
     path = _check_path(path)
@@ -398,6 +521,7 @@ def export_tflite(model, path, quantization=None):
         raise ValueError(
             f"`quantization` must be one of {QUANTIZATIONS}. Received: quantization={quantization!r}"
         )
+    _check_target(path, overwrite, directory=False)
     height, width, channels = _check_model(model)
     model = _float32_copy(model)
     outputs = _Outputs(model, top_k=1)
@@ -419,10 +543,7 @@ def export_tflite(model, path, quantization=None):
         if quantization == "float16":
             converter.target_spec.supported_types = [tf.float16]
         flat_buffer = converter.convert()
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    with open(path, "wb") as file:
-        file.write(flat_buffer)
+    _write_file(path, flat_buffer)
     return path
 
 

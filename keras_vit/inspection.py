@@ -12,16 +12,26 @@ import numpy as np
 from keras import ops
 
 from keras_vit.layers import PatchEncoder, TransformerBlock
+from keras_vit.layers._checks import boolean
 from keras_vit.layers.patches import PatchGrid
 from keras_vit.models import _grid_stride, _takes_any_size
 
 HEAD_FUSIONS = ("mean", "max", "min")
+# Images scaled to [-1, 1] stay within it; beyond this bound they were not scaled.
+SCALED_BOUND = 1.5
+
+
+def _check_model(model):
+    if not isinstance(model, keras.Model):
+        raise TypeError(
+            "`model` must be a keras.Model built by keras_vit. "
+            f"Received: model={model!r} of type {type(model).__name__}"
+        )
 
 
 def transformer_blocks(model):
     """The model's TransformerBlock layers, in order; ValueError if none."""
-    if not isinstance(model, keras.Model):
-        raise TypeError(f"`model` must be a keras.Model. Received: {type(model).__name__}")
+    _check_model(model)
     blocks = [layer for layer in model.layers if isinstance(layer, TransformerBlock)]
     if not blocks:
         raise ValueError(
@@ -33,6 +43,7 @@ def transformer_blocks(model):
 
 def patch_encoder(model):
     """The model's PatchEncoder layer; ValueError if it has none."""
+    _check_model(model)
     encoders = [layer for layer in model.layers if isinstance(layer, PatchEncoder)]
     if len(encoders) != 1:
         raise ValueError(
@@ -84,9 +95,40 @@ def _image_grid(model, image_shape):
     return tuple(side // step for side, step in zip(shape[1:3], stride))
 
 
+def check_scaled(name, images):
+    """Raise a ValueError unless `images` look scaled to [-1, 1].
+
+    uint8 images are refused; so are concrete values beyond +-1.5 (pixels of
+    0..255 that were not scaled). A symbolic tensor is not checked.
+    """
+    try:
+        dtype = keras.backend.standardize_dtype(images.dtype)
+    except (TypeError, ValueError):
+        dtype = str(images.dtype)
+    hint = f"scale 0..255 pixels with keras_vit.preprocess_inputs({name})"
+    if dtype == "uint8":
+        raise ValueError(
+            f"`{name}` must be float images scaled to [-1, 1]; {hint}. "
+            f"Received: uint8 {name} of shape {tuple(images.shape)}"
+        )
+    try:
+        values = images if isinstance(images, np.ndarray) else ops.convert_to_numpy(images)
+    except (TypeError, ValueError, NotImplementedError):  # symbolic: no values to check
+        return
+    if values.size == 0 or not np.issubdtype(values.dtype, np.number):
+        return
+    low, high = float(np.min(values)), float(np.max(values))
+    if high > SCALED_BOUND or low < -SCALED_BOUND:
+        raise ValueError(
+            f"`{name}` must be images scaled to [-1, 1]; {hint}. "
+            f"Received: {name} with values in [{low:g}, {high:g}]"
+        )
+
+
 def _check_images(model, images):
     images = np.asarray(images) if not hasattr(images, "shape") else images
     _image_grid(model, images.shape)
+    check_scaled("images", images)
     return ops.convert_to_tensor(images, dtype="float32")
 
 
@@ -104,6 +146,8 @@ def attention_maps(model, images, batch_size=32):
             model's input size; for a model built with
             `dynamic_image_size=True`, at any size it takes (sides multiple
             of the patch size), all images of one call at the same size.
+            uint8 images and values beyond +-1.5 are refused (a ValueError):
+            `keras_vit.preprocess_inputs` scales 0..255 pixels.
         batch_size: images per forward pass.
 
     Returns:
@@ -188,8 +232,8 @@ def attention_rollout(maps, discard_ratio=0.0, head_fusion="mean", grid_size=Non
     rollout = A_L @ ... @ A_1.
 
     Args:
-        maps: the per-layer (batch, heads, tokens, tokens) attention weights
-            of `attention_maps`.
+        maps: the list of per-layer (batch, heads, tokens, tokens) attention
+            weights that `attention_maps` returns (not the model).
         discard_ratio: fraction in [0, 1) of the weights of each map to drop.
         head_fusion: "mean", "max" or "min" over the heads.
         grid_size: (h, w) of the patch grid, or the keras_vit model the maps
@@ -224,16 +268,30 @@ def attention_rollout(maps, discard_ratio=0.0, head_fusion="mean", grid_size=Non
         raise ValueError(
             f"`discard_ratio` must be in [0, 1). Received: discard_ratio={discard_ratio}"
         )
-    maps = [np.asarray(m, dtype="float64") for m in maps]
+    if isinstance(maps, keras.Model):
+        raise TypeError(
+            "`maps` must be the list of per-block attention weights that "
+            "keras_vit.attention_maps(model, images) returns, not a model. "
+            f"Received: maps=<model {maps.name!r}>"
+        )
+    try:
+        maps = [np.asarray(m, dtype="float64") for m in maps]
+    except (TypeError, ValueError):
+        raise TypeError(
+            "`maps` must be a list of (batch, heads, tokens, tokens) arrays, as "
+            "keras_vit.attention_maps returns. "
+            f"Received: maps of type {type(maps).__name__}"
+        ) from None
     if (
         not maps
         or any(m.ndim != 4 or m.shape[-1] != m.shape[-2] for m in maps)
         or any(m.shape[0] != maps[0].shape[0] or m.shape[-1] != maps[0].shape[-1] for m in maps)
     ):
+        one_layer = " (one layer's maps? pass them in a list)" if maps and maps[0].ndim == 3 else ""
         raise ValueError(
             "`maps` must be a non-empty list of (batch, heads, tokens, tokens) arrays, "
             "the same batch and tokens in every layer. "
-            f"Received shapes: {[np.shape(m) for m in maps]}"
+            f"Received shapes: {[np.shape(m) for m in maps]}{one_layer}"
         )
     batch, _, num_tokens, _ = maps[0].shape
     (grid_h, grid_w), prefix = _grid_and_prefix(num_tokens, grid_size)
@@ -284,7 +342,8 @@ def feature_extractor(model, layers=None, patch_grid=False, name=None):
         layers: None for every block, or a list of block indices (negative
             counts from the end) or block names such as
             "transformer_block_3". A single int or name gives one output.
-        patch_grid: False for the (batch, tokens, D) token sequence; True for
+        patch_grid: False for the (batch, tokens, D) token sequence; True (a
+            bool: anything else is refused) for
             the patch tokens only (class token dropped) as a
             (batch, h, w, D) grid, the input detection and segmentation heads
             expect. Only for a model of a fixed image size: a
@@ -305,6 +364,7 @@ def feature_extractor(model, layers=None, patch_grid=False, name=None):
     (1, 4, 4, 16)
     """
     blocks = transformer_blocks(model)
+    patch_grid = boolean("patch_grid", patch_grid)
     single = layers is not None and not isinstance(layers, (list, tuple))
     chosen = range(len(blocks)) if layers is None else [layers] if single else layers
     indices = [_block_index(blocks, layer) for layer in chosen]
@@ -361,6 +421,8 @@ def mean_attention_distance(model, images, maps=None):
         A (layers, heads) float32 array.
     """
     encoder = patch_encoder(model)
+    if images is None and maps is None:
+        raise ValueError("`images` must be given when `maps` is not. Received: images=None")
     stride_h, stride_w = _stride(model)
     if not _takes_any_size(model):
         grid_h, grid_w = encoder.grid_size

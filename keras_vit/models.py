@@ -6,7 +6,7 @@ import os
 import keras
 
 from keras_vit.layers import LayerNorm, PatchEncoder, TokenPooling, TransformerBlock
-from keras_vit.layers._checks import as_pair, one_of, positive_int
+from keras_vit.layers._checks import as_pair, boolean, one_of, positive_int
 from keras_vit.layers._checks import rate as check_rate
 from keras_vit.layers.pooling import POOLINGS
 from keras_vit.layers.resnet import (
@@ -38,6 +38,46 @@ VARIANTS = {
         resnet_layers=(3, 4, 9),
     ),
 }
+
+
+def _check_dtype(dtype):
+    """Raise a ValueError unless `dtype` is None or a float dtype (policy) name."""
+    if dtype is None:
+        return
+    expected = (
+        "`dtype` must be None, a float dtype such as 'float32' or 'bfloat16', or a "
+        "dtype policy such as 'mixed_bfloat16' or 'mixed_float16'."
+    )
+    try:
+        policy = keras.dtype_policies.get(dtype)
+    except (TypeError, ValueError):
+        raise ValueError(f"{expected} Received: dtype={dtype!r}") from None
+    if getattr(policy, "quantization_mode", None) is not None or not str(
+        policy.compute_dtype
+    ).startswith(("float", "bfloat")):
+        raise ValueError(
+            f"{expected} Received: dtype={dtype!r} (computing in {policy.compute_dtype}"
+            + (
+                f", quantized {policy.quantization_mode}: quantize a built float model "
+                "with model.quantize() instead)"
+                if getattr(policy, "quantization_mode", None) is not None
+                else ")"
+            )
+        )
+
+
+def _check_activation(classifier_activation):
+    """Raise a ValueError unless Keras knows `classifier_activation` (None: logits)."""
+    if classifier_activation is None:
+        return
+    try:
+        keras.activations.get(classifier_activation)
+    except (TypeError, ValueError):
+        raise ValueError(
+            "`classifier_activation` must be None (logits), the name of a Keras activation "
+            "such as 'softmax' or 'sigmoid', or a callable. "
+            f"Received: classifier_activation={classifier_activation!r}"
+        ) from None
 
 
 def _is_mixed(dtype):
@@ -197,15 +237,13 @@ def VisionTransformer(
                 f"resnet_layers={resnet_layers}. "
                 f"Received: image_size={image_size}, patch_size={patch_size}"
             )
-    if not isinstance(remat, bool):
-        raise ValueError(f"`remat` must be True or False. Received: remat={remat!r}")
-    if not isinstance(dynamic_image_size, bool):
-        raise ValueError(
-            "`dynamic_image_size` must be True or False. "
-            f"Received: dynamic_image_size={dynamic_image_size!r}"
-        )
-    if classifier_activation is not None:
-        keras.activations.get(classifier_activation)  # raises on an unknown name
+    approximate_gelu = boolean("approximate_gelu", approximate_gelu)
+    remat = boolean("remat", remat)
+    dynamic_image_size = boolean("dynamic_image_size", dynamic_image_size)
+    _check_activation(classifier_activation)
+    _check_dtype(dtype)
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"`name` must be a non-empty string. Received: name={name!r}")
     weights_file = _check_weights_argument(weights)
     outer_dtype = "float32" if _is_mixed(dtype) else dtype
 

@@ -17,7 +17,7 @@ import signal
 import keras
 
 from keras_vit import _cpu, _memory
-from keras_vit.layers._checks import positive_int
+from keras_vit.layers._checks import non_negative_int, positive_int, real
 from keras_vit.layers.attention import runs_per_head
 from keras_vit.models import model_image_size
 from keras_vit.streams import (
@@ -35,24 +35,38 @@ REFERENCE_BATCH = 256
 
 
 def scaled_learning_rate(base_lr, global_batch_size):
-    """lr = base_lr * global_batch_size / 256."""
+    """lr = base_lr * global_batch_size / 256.
+
+    `base_lr` must be a positive number, `global_batch_size` a positive integer.
+    """
+    base_lr = real("base_lr", base_lr, low=0, low_open=True)
+    global_batch_size = positive_int("global_batch_size", global_batch_size)
     return base_lr * global_batch_size / REFERENCE_BATCH
+
+
+def _check_clipnorm(clipnorm):
+    """None or a number >= 0 (0 and None: no clipping, as in Keras)."""
+    return None if clipnorm is None else real("clipnorm", clipnorm, low=0)
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
 class WarmupCosine(keras.optimizers.schedules.LearningRateSchedule):
-    """Linear warm-up from 0 to `peak` over `warmup_steps`, then cosine decay to `end`."""
+    """Linear warm-up from 0 to `peak` over `warmup_steps`, then cosine decay to `end`.
+
+    `peak` and `end` are numbers >= 0, `total_steps` a positive integer and
+    `warmup_steps` an integer in [0, total_steps].
+    """
 
     def __init__(self, peak, total_steps, warmup_steps=0, end=0.0):
-        if total_steps < 1 or warmup_steps < 0 or warmup_steps > total_steps:
+        self.peak = real("peak", peak, low=0)
+        self.total_steps = positive_int("total_steps", total_steps)
+        self.warmup_steps = non_negative_int("warmup_steps", warmup_steps)
+        self.end = real("end", end, low=0)
+        if self.warmup_steps > self.total_steps:
             raise ValueError(
                 "`total_steps` must be >= 1 and 0 <= `warmup_steps` <= `total_steps`. "
                 f"Received: total_steps={total_steps}, warmup_steps={warmup_steps}"
             )
-        self.peak = float(peak)
-        self.total_steps = int(total_steps)
-        self.warmup_steps = int(warmup_steps)
-        self.end = float(end)
 
     def __call__(self, step):
         step = keras.ops.cast(step, "float32")
@@ -80,8 +94,16 @@ def build_optimizer(
 ):
     """AdamW or SGD with momentum, global-norm clipping, no decay on NO_WEIGHT_DECAY variables.
 
-    `learning_rate` may be a float or a schedule (see `WarmupCosine`).
+    `learning_rate` may be a positive number or a schedule (see
+    `WarmupCosine`); `weight_decay` a number >= 0 (0 or None: none);
+    `momentum` (SGD) a number in [0, 1); `clipnorm` the global norm the
+    gradients are clipped to, a number >= 0 (0 or None: no clipping).
     """
+    if not isinstance(learning_rate, keras.optimizers.schedules.LearningRateSchedule):
+        learning_rate = real("learning_rate", learning_rate, low=0, low_open=True)
+    weight_decay = 0.0 if weight_decay is None else real("weight_decay", weight_decay, low=0)
+    momentum = real("momentum", momentum, low=0, high=1, high_open=True)
+    clipnorm = _check_clipnorm(clipnorm)
     if name == "adamw":
         optimizer = keras.optimizers.AdamW(
             learning_rate=learning_rate, weight_decay=weight_decay, global_clipnorm=clipnorm
@@ -167,9 +189,24 @@ def compile_model(
     faster on a 2-core AMD EPYC; docs/performance.md, "Inference in two XLA
     parts"). The train step stays whole: in two XLA parts it was 1.03x faster
     for 0.25 GB more memory. `streams=1` leaves every batch whole.
+
+    The arguments: `total_steps` a positive integer; `learning_rate` the peak
+    rate, a positive number; `warmup_steps` None (10% of `total_steps`) or an
+    integer >= 0; more than `total_steps` warms up over the whole run (it is
+    clamped to `total_steps`: `keras-vit train` with more warm-up epochs than
+    epochs); `optimizer` "adamw" or "sgd"; `weight_decay` a number >= 0;
+    `label_smoothing` a number in [0, 1); `clipnorm` a number >= 0 or None
+    (0 or None: no clipping). Anything else is a ValueError (a TypeError for
+    what is not a number) naming the argument.
     """
+    if not isinstance(model, keras.Model):
+        raise ValueError(f"`model` must be a keras.Model. Received: model={model!r}")
+    total_steps = positive_int("total_steps", total_steps)
+    learning_rate = real("learning_rate", learning_rate, low=0, low_open=True)
     if warmup_steps is None:
         warmup_steps = max(1, total_steps // 10)
+    warmup_steps = non_negative_int("warmup_steps", warmup_steps)
+    label_smoothing = real("label_smoothing", label_smoothing, low=0, high=1, high_open=True)
     schedule = WarmupCosine(learning_rate, total_steps, min(warmup_steps, total_steps))
     return compile_fast(
         model,

@@ -9,7 +9,12 @@ is given.
 
 import numpy as np
 
-from keras_vit.inspection import mean_attention_distance, position_embedding_similarity
+from keras_vit.inspection import (
+    SCALED_BOUND,
+    mean_attention_distance,
+    position_embedding_similarity,
+)
+from keras_vit.layers._checks import real
 
 
 def _matplotlib():
@@ -41,8 +46,22 @@ def _as_uint8_image(image):
             "`image` must be one (height, width, 1 or 3) image. "
             f"Received: image.shape={image.shape}"
         )
-    if image.dtype != np.uint8:  # floats in [-1, 1], as the models take them
+    expected = "`image` must be a uint8 image (0..255) or floats scaled to [-1, 1]"
+    if image.dtype == np.uint8:
+        pass
+    elif np.issubdtype(image.dtype, np.floating):  # as the models take them
+        low, high = float(np.min(image)), float(np.max(image))
+        if not -SCALED_BOUND <= low <= high <= SCALED_BOUND:
+            raise ValueError(
+                f"{expected}; for pixels of 0..255 pass image.astype('uint8'). "
+                f"Received: {image.dtype} values in [{low:g}, {high:g}]"
+            )
         image = np.clip((image.astype("float32") + 1.0) * 127.5, 0, 255).astype("uint8")
+    else:
+        raise ValueError(
+            f"{expected}; for pixels of 0..255 pass image.astype('uint8'). "
+            f"Received: an image of dtype {image.dtype}"
+        )
     return np.repeat(image, 3, axis=-1) if image.shape[-1] == 1 else image
 
 
@@ -52,7 +71,10 @@ def upsample_map(attention_map, size):
 
     attention_map = np.asarray(attention_map, "float32")
     if attention_map.ndim != 2:
-        raise ValueError(f"The map must be 2-D (h, w). Received: shape={attention_map.shape}")
+        raise ValueError(
+            "The attention map must be 2-D (h, w), e.g. one item of the (batch, h, w) "
+            f"result of keras_vit.attention_rollout. Received: shape={attention_map.shape}"
+        )
     low, high = float(attention_map.min()), float(attention_map.max())
     scaled = (attention_map - low) / (high - low) if high > low else np.zeros_like(attention_map)
     resized = Image.fromarray(scaled).resize((size[1], size[0]), Image.BILINEAR)
@@ -66,8 +88,7 @@ def attention_overlay(image, attention_map, alpha=0.5, colormap="inferno"):
     size, coloured with `colormap` and mixed in with weight `alpha`.
     """
     image = _as_uint8_image(image)
-    if not 0.0 <= alpha <= 1.0:
-        raise ValueError(f"`alpha` must be in [0, 1]. Received: alpha={alpha!r}")
+    alpha = real("alpha", alpha, low=0, high=1)
     heat = upsample_map(attention_map, image.shape[:2])
     colours = (_matplotlib().colormaps[colormap](heat)[..., :3] * 255).astype("float32")
     blended = (1 - alpha) * image.astype("float32") + alpha * colours
@@ -78,16 +99,19 @@ def plot_attention(image, rollout, path=None, title=None, alpha=0.5):
     """The image beside its attention overlay (e.g. a rollout map).
 
     Args:
-        image: (height, width, 3) uint8 image, or floats in [-1, 1].
+        image: (height, width, 3 or 1) uint8 image, or floats in [-1, 1];
+            other dtypes and floats beyond +-1.5 (unscaled 0..255 pixels) are
+            refused with a ValueError.
         rollout: a (h, w) map, e.g. one item of `attention_rollout`.
         path: where to save the PNG, or None.
         title: an optional title, e.g. the predicted class.
-        alpha: weight of the heat map in the overlay.
+        alpha: weight of the heat map in the overlay, a number in [0, 1].
 
     Returns:
         The matplotlib Figure.
     """
     image = _as_uint8_image(image)
+    alpha = real("alpha", alpha, low=0, high=1)
     overlay = attention_overlay(image, rollout, alpha=alpha)
     figure = _figure(figsize=(6.4, 3.4))
     axes = figure.subplots(1, 2)

@@ -132,7 +132,7 @@ def test_patch_encoder_rejects_wrong_channels_and_grid():
     layer(np.zeros((1, 32, 32, 3), "float32"))
     with pytest.raises(ValueError, match="3 channels"):
         layer(np.zeros((1, 32, 32, 1), "float32"))
-    with pytest.raises(ValueError, match="built for a"):
+    with pytest.raises(ValueError, match="built for"):
         layer(np.zeros((1, 64, 64, 3), "float32"))
     with pytest.raises(ValueError, match="hidden_dim"):
         layers.PatchEncoder(8, hidden_dim=0)

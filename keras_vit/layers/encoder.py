@@ -4,8 +4,8 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_vit.layers._checks import as_pair, positive_int
-from keras_vit.layers.patches import check_image_shape
+from keras_vit.layers._checks import as_pair, boolean, positive_int
+from keras_vit.layers.patches import check_image_rank, check_image_shape
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -52,9 +52,7 @@ class PatchEncoder(keras.layers.Layer):
         super().__init__(**kwargs)
         self.patch_size = as_pair("patch_size", patch_size)
         self.hidden_dim = positive_int("hidden_dim", hidden_dim)
-        if not isinstance(class_token, bool):
-            raise TypeError(f"`class_token` must be a bool. Received: class_token={class_token!r}")
-        self.class_token = class_token
+        self.class_token = boolean("class_token", class_token)
         # Any image size when set: the position embedding's grid, resized per input.
         self.dynamic = grid_size is not None
         self.grid_size = as_pair("grid_size", grid_size) if self.dynamic else None
@@ -67,6 +65,11 @@ class PatchEncoder(keras.layers.Layer):
         check_image_shape(
             self.__class__.__name__, input_shape, self.patch_size, any_size=self.dynamic
         )
+        if input_shape[3] is None:
+            raise ValueError(
+                f"{self.__class__.__name__} needs a static channel count to be built. "
+                f"Received: images.shape={tuple(input_shape)}"
+            )
         if not self.dynamic:
             height, width = input_shape[1], input_shape[2]
             self.grid_size = (height // self.patch_size[0], width // self.patch_size[1])
@@ -90,30 +93,70 @@ class PatchEncoder(keras.layers.Layer):
         self.built = True
 
     def call(self, images):
-        shape = images.shape
-        check_image_shape(
-            self.__class__.__name__, shape, self.patch_size, self.num_channels, self.dynamic
-        )
-        if not self.dynamic and (
-            (shape[1] // self.patch_size[0], shape[2] // self.patch_size[1]) != self.grid_size
-        ):
-            raise ValueError(
-                f"{self.__class__.__name__} was built for a {self.grid_size} grid of "
-                f"patches (images of {self.grid_size[0] * self.patch_size[0]}x"
-                f"{self.grid_size[1] * self.patch_size[1]}). "
-                f"Received: images.shape={tuple(shape)}. "
-                "Build a model at the new size and load the weights into it "
-                "(keras_vit.load_weights resizes the position embedding), or build it "
-                "with dynamic_image_size=True."
-            )
+        images = self._checked(images)
         x = ops.conv(images, self.kernel, strides=self.patch_size, padding="valid")
-        grid = _grid_of(x, images, self.patch_size) if self.dynamic else self.grid_size
+        grid = _grid_of(x) if self.dynamic else self.grid_size
         x = ops.reshape(x, (-1, grid[0] * grid[1], self.hidden_dim))
         x = x + self.bias
         if self.class_token:
             cls = ops.tile(ops.cast(self.cls_token, x.dtype), (ops.shape(x)[0], 1, 1))
             x = ops.concatenate([cls, x], axis=1)
         return x + ops.cast(self.position_embedding_for(grid), x.dtype)
+
+    def _expected(self):
+        """What the layer takes, in words, for the error messages."""
+        if self.dynamic:
+            return (
+                f"images of shape (batch, height, width, {self.num_channels}) whose height "
+                f"and width are positive multiples of the patch size {self.patch_size}"
+            )
+        height, width = (cells * step for cells, step in zip(self.grid_size, self.patch_size))
+        return (
+            f"images of shape (batch, {height}, {width}, {self.num_channels}), the size it "
+            f"was built for (a {self.grid_size} grid of {self.patch_size} patches; a model "
+            "built with dynamic_image_size=True takes other sizes)"
+        )
+
+    def _checked(self, images):
+        """`images`, checked against what the layer takes.
+
+        Sizes known when the call is traced are checked then: a ValueError
+        naming what the layer expects and what it received. A TensorFlow
+        function traced for images of unknown sizes (Keras traces
+        `predict`, `fit` and `evaluate` anew for any size once it has seen
+        two) checks the unknown ones when it runs, at no cost to a trace of
+        known sizes.
+        """
+        shape = images.shape
+        name = self.__class__.__name__
+        check_image_rank(name, shape)
+        size = None
+        if not self.dynamic:
+            size = tuple(cells * step for cells, step in zip(self.grid_size, self.patch_size))
+            if any(n is not None and n != m for n, m in zip(shape[1:3], size)):
+                raise ValueError(
+                    f"{name} takes {self._expected()}. Received: images.shape={tuple(shape)}. "
+                    "Build a model at the new size and load the weights into it "
+                    "(keras_vit.load_weights resizes the position embedding), or build it "
+                    "with dynamic_image_size=True."
+                )
+        check_image_shape(name, shape, self.patch_size, self.num_channels, any_size=True)
+        if None not in tuple(shape)[1:]:
+            return images
+        if keras.backend.backend() == "tensorflow":
+            return _checked_when_run(
+                images,
+                size,
+                self.num_channels,
+                self.patch_size,
+                f"{name} takes {self._expected()}.",
+            )
+        if self.dynamic and shape[3] is not None:
+            return images
+        raise ValueError(
+            f"{name} takes {self._expected()}, known when the call is traced. "
+            f"Received: images.shape={tuple(shape)}"
+        )
 
     def position_embedding_for(self, grid):
         """The (1, tokens, D) position embedding for a grid of (rows, columns) patches.
@@ -151,24 +194,52 @@ class PatchEncoder(keras.layers.Layer):
         }
 
 
-def _grid_of(patches, images, patch_size):
+def _grid_of(patches):
     """(rows, columns) of a convolved patch map: Python ints where the shape is known."""
     rows, columns = patches.shape[1], patches.shape[2]
     if rows is not None and columns is not None:
         return (rows, columns)
     shape = ops.shape(patches)
-    if keras.backend.backend() == "tensorflow":
-        import tensorflow as tf
-
-        # A graph traced for any size: images that do not tile fail here, not silently.
-        image_shape = tf.shape(images)
-        tf.debugging.assert_equal(
-            [image_shape[1] % patch_size[0], image_shape[2] % patch_size[1]],
-            [0, 0],
-            message=f"PatchEncoder: the image size must be a multiple of the patch size "
-            f"{tuple(patch_size)}",
-        )
     return (shape[1], shape[2])
+
+
+def _checked_when_run(images, size, channels, patch_size, message):
+    """`images` behind run-time checks of the sizes its traced shape leaves unknown.
+
+    TensorFlow only. `size`: the (height, width) the images must have, or None
+    for any positive multiples of `patch_size`. An assertion names the
+    received shape. XLA drops assertions, so the shape is also checked where
+    XLA compiles it (it knows the sizes then): `tf.ensure_shape` for the
+    exact sizes (its message names the received and expected shapes; where
+    TensorFlow knows the batch size when it runs the function, it is the one
+    that fails first) and a reshape to whole patches, which fails for images
+    that do not tile instead of the convolution silently dropping their
+    leftover rows and columns.
+    """
+    import tensorflow as tf
+
+    shape = tf.shape(images)
+    if size is not None:
+        fits = tf.reduce_all(tf.equal(shape[1:], [size[0], size[1], channels]))
+    else:
+        patch = tf.constant(patch_size, shape[1:3].dtype)
+        sides = shape[1:3]
+        fits = (
+            tf.equal(shape[3], channels)
+            & tf.reduce_all(sides >= patch)
+            & tf.reduce_all(tf.equal(sides % patch, 0))
+        )
+    check = tf.debugging.Assert(fits, [message + " Received: images.shape =", shape], summarize=4)
+    with tf.control_dependencies([check]):
+        if size is not None:
+            return tf.ensure_shape(
+                images,
+                [None, size[0], size[1], channels],
+                name="images_must_have_the_size_the_model_was_built_for",
+            )
+        images = tf.ensure_shape(images, [None, None, None, channels])
+        whole = tf.concat([shape[:1], shape[1:3] // patch * patch, [channels]], axis=0)
+        return tf.reshape(images, whole, name="image_sides_must_be_multiples_of_the_patch_size")
 
 
 def resize_weights(source, target):

@@ -3,7 +3,7 @@
 import keras
 from keras import ops
 
-from keras_vit.layers._checks import as_pair
+from keras_vit.layers._checks import as_pair, rank_of, shown_shape
 
 
 def extract_patches(images, patch_size):
@@ -22,23 +22,35 @@ def extract_patches(images, patch_size):
     return ops.reshape(x, (-1, grid_h * grid_w, patch_h * patch_w * channels))
 
 
+def check_image_rank(layer_name, shape):
+    """Raise a ValueError unless `shape` is of rank 4, a batch of images."""
+    rank = rank_of(shape)
+    if rank != 4:
+        hint = (
+            " One image? Add a batch axis, e.g. images[None] or np.expand_dims(image, 0)."
+            if rank == 3
+            else ""
+        )
+        raise ValueError(
+            f"{layer_name} expects a batch of images, of rank 4 (batch, height, width, "
+            f"channels). Received: images.shape={shown_shape(shape)}{hint}"
+        )
+
+
 def check_image_shape(layer_name, shape, patch_size, channels=None, any_size=False):
     """Raise a ValueError unless `shape` is (batch, H, W, C) tiling by patches.
 
-    With `any_size`, the height and width may be None (checked where known).
+    With `any_size`, the height, width and channel count may be None (checked
+    where known); else they must be known.
     """
-    if len(shape) != 4:
-        raise ValueError(
-            f"{layer_name} expects images of rank 4 (batch, height, width, "
-            f"channels). Received: images.shape={tuple(shape)}"
-        )
+    check_image_rank(layer_name, shape)
     height, width, num_channels = shape[1], shape[2], shape[3]
-    if num_channels is None or (not any_size and (height is None or width is None)):
-        known = "channel count" if any_size else "height, width and channel count"
+    if not any_size and None in (height, width, num_channels):
         raise ValueError(
-            f"{layer_name} needs a static {known}. Received: images.shape={tuple(shape)}"
+            f"{layer_name} needs a static height, width and channel count. "
+            f"Received: images.shape={tuple(shape)}"
         )
-    if channels is not None and num_channels != channels:
+    if channels is not None and num_channels is not None and num_channels != channels:
         raise ValueError(
             f"{layer_name} expects images with {channels} channels. "
             f"Received: images.shape={tuple(shape)}"

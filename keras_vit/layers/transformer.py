@@ -6,7 +6,7 @@ import keras
 from keras import ops
 
 from keras_vit.layers._backward import tied_to_upstream
-from keras_vit.layers._checks import positive_int
+from keras_vit.layers._checks import boolean, positive_int
 from keras_vit.layers._checks import rate as check_rate
 from keras_vit.layers.attention import MultiHeadSelfAttention
 from keras_vit.layers.normalization import LayerNorm
@@ -186,7 +186,7 @@ class MLP(keras.layers.Layer):
         super().__init__(**kwargs)
         self.mlp_dim = positive_int("mlp_dim", mlp_dim)
         self.dropout_rate = check_rate("dropout_rate", dropout_rate)
-        self.approximate_gelu = bool(approximate_gelu)
+        self.approximate_gelu = boolean("approximate_gelu", approximate_gelu)
         self.dropout = keras.layers.Dropout(
             self.dropout_rate, dtype=self.dtype_policy, name="dropout"
         )
@@ -323,11 +323,9 @@ class TransformerBlock(keras.layers.Layer):
         self.dropout_rate = check_rate("dropout_rate", dropout_rate)
         self.attention_dropout_rate = check_rate("attention_dropout_rate", attention_dropout_rate)
         self.drop_path_rate = check_rate("drop_path_rate", drop_path_rate)
-        self.approximate_gelu = bool(approximate_gelu)
-        self.first_token_only = bool(first_token_only)
-        if not isinstance(remat, bool):
-            raise ValueError(f"`remat` must be True or False. Received: remat={remat!r}")
-        self.remat = remat
+        self.approximate_gelu = boolean("approximate_gelu", approximate_gelu)
+        self.first_token_only = boolean("first_token_only", first_token_only)
+        self.remat = boolean("remat", remat)
         policy = self.dtype_policy
         self.norm1 = LayerNorm(epsilon=LAYER_NORM_EPSILON, dtype=policy, name="norm1")
         self.attention = MultiHeadSelfAttention(
@@ -360,6 +358,8 @@ class TransformerBlock(keras.layers.Layer):
     def call(self, inputs, training=None, first_token_only=None):
         if first_token_only is None:
             first_token_only = self.first_token_only
+        else:
+            first_token_only = boolean("first_token_only", first_token_only)
         if self.remat and training:
             return keras.remat(lambda x: self._forward(x, training, first_token_only))(inputs)
         return self._forward(inputs, training, first_token_only)

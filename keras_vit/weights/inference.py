@@ -2,6 +2,7 @@
 
 import numpy as np
 
+from keras_vit.layers._checks import as_pair, positive_int
 from keras_vit.weights.readers import detect_format, read_checkpoint
 
 # (patch kernel, class token, position embedding, block pattern, fc1 weight,
@@ -53,6 +54,10 @@ def infer_config(path, num_heads=None, image_size=None):
         A dict: image_size, patch_size, num_layers, num_heads, hidden_dim,
         mlp_dim, num_classes, pooling, representation_size, num_channels.
     """
+    if num_heads is not None:
+        num_heads = positive_int("num_heads", num_heads)
+    if image_size is not None:
+        image_size = as_pair("image_size", image_size)
     params = read_checkpoint(path)
     layout = detect_format(params)
     patch, cls, pos, block, fc1, pre, head, torch_layout = _KEYS[layout]
@@ -90,6 +95,11 @@ def infer_config(path, num_heads=None, image_size=None):
         mlp_dim = params[fc1].shape[0]
     if num_heads is not None:
         heads = num_heads
+    if heads is not None and hidden_dim % heads:
+        raise ValueError(
+            f"`num_heads` must divide the checkpoint's width hidden_dim={hidden_dim}. "
+            f"Received: num_heads={heads}"
+        )
     if heads is None:
         raise ValueError(
             f"The number of heads of {path} cannot be read from it; pass `num_heads`. "

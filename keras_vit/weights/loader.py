@@ -2,11 +2,13 @@
 
 import logging
 
+import keras
 import numpy as np
 
+from keras_vit.layers._checks import as_pair
 from keras_vit.weights.mapping import MAPPERS, checked_pair
 from keras_vit.weights.readers import detect_format, read_checkpoint
-from keras_vit.weights.resize import resize_position_embedding
+from keras_vit.weights.resize import METHODS, resize_position_embedding
 
 logger = logging.getLogger("keras_vit.weights")
 
@@ -16,6 +18,24 @@ RESIZE_METHODS = {"original": "align_corners", "timm": "half_pixel", "hf": "half
 
 def _layer(model, name):
     return model.get_layer(name) if name in {layer.name for layer in model.layers} else None
+
+
+def _check_model(model):
+    """Raise unless `model` is a keras_vit ViT (a Model with its `patch_encoder` layer)."""
+    if not isinstance(model, keras.Model):
+        raise TypeError(
+            "`model` must be a keras.Model built by keras_vit.VisionTransformer or a ViT_* "
+            f"constructor. Received: model={model!r} of type {type(model).__name__}"
+        )
+    from keras_vit.layers import PatchEncoder
+
+    names = [layer.name for layer in model.layers]
+    if not isinstance(_layer(model, "patch_encoder"), PatchEncoder):
+        raise ValueError(
+            "`model` must be a ViT built by keras_vit.VisionTransformer or a ViT_* constructor "
+            f"(it has no PatchEncoder layer named 'patch_encoder'). Received: model "
+            f"{model.name!r} with layers {names[:8]}"
+        )
 
 
 def _source_grid(num_grid, target_grid, hint):
@@ -64,6 +84,14 @@ def load_weights(model, path, source_grid=None, resize_method=None):
         "head" ("loaded", "reset" or "absent"), "pre_logits" ("loaded",
         "dropped" or "absent").
     """
+    _check_model(model)
+    if source_grid is not None:
+        source_grid = as_pair("source_grid", source_grid)
+    if resize_method is not None and resize_method not in METHODS:
+        raise ValueError(
+            f"`resize_method` must be None (the layout's own) or one of {METHODS}. "
+            f"Received: resize_method={resize_method!r}"
+        )
     params = read_checkpoint(path)
     layout = detect_format(params)
     pairs, source, special = MAPPERS[layout](model, params)

@@ -5,6 +5,8 @@ import zipfile
 
 import numpy as np
 
+from keras_vit.layers._checks import path_like
+
 PICKLE_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt", ".pkl")
 
 
@@ -22,7 +24,7 @@ def read_checkpoint(path):
         ValueError: for a pickle-based or unknown format, or a truncated or
             corrupt file (the file is named).
     """
-    path = os.fspath(path)
+    path = path_like("path", path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"No such checkpoint file: {path}")
     lower = path.lower()

@@ -2,6 +2,8 @@
 
 import numpy as np
 
+from keras_vit.layers._checks import as_pair, non_negative_int
+
 METHODS = ("align_corners", "half_pixel")
 
 
@@ -39,9 +41,9 @@ def resize_position_embedding(
     Args:
         posemb: array of shape (1, num_prefix_tokens + gh * gw, D) (or without
             the leading 1).
-        source_grid: (gh, gw) of `posemb`, or None for a square grid inferred
-            from the number of tokens.
-        target_grid: (height, width) of the new grid.
+        source_grid: (gh, gw) of `posemb` (an int for a square grid), or None
+            for a square grid inferred from the number of tokens.
+        target_grid: (height, width) of the new grid (an int for a square one).
         num_prefix_tokens: leading tokens not on the grid (1 for a class
             token, 0 for "gap" models).
         method: "align_corners" or "half_pixel".
@@ -64,6 +66,15 @@ def resize_position_embedding(
         )
     if method not in METHODS:
         raise ValueError(f"`method` must be one of {METHODS}. Received: method={method!r}")
+    target_grid = as_pair("target_grid", target_grid)
+    if source_grid is not None:
+        source_grid = as_pair("source_grid", source_grid)
+    num_prefix_tokens = non_negative_int("num_prefix_tokens", num_prefix_tokens)
+    if num_prefix_tokens >= posemb.shape[1]:
+        raise ValueError(
+            f"`num_prefix_tokens` must leave grid tokens in `posemb` ({posemb.shape[1]} tokens). "
+            f"Received: num_prefix_tokens={num_prefix_tokens}"
+        )
     prefix, grid = posemb[:, :num_prefix_tokens], posemb[0, num_prefix_tokens:]
     num_grid = grid.shape[0]
     if source_grid is None:
@@ -74,7 +85,6 @@ def resize_position_embedding(
                 "pass the grid explicitly. Received: source_grid=None"
             )
         source_grid = (side, side)
-    source_grid, target_grid = tuple(source_grid), tuple(target_grid)
     if source_grid[0] * source_grid[1] != num_grid:
         raise ValueError(
             f"`source_grid` must cover the {num_grid} grid tokens of `posemb`. "
