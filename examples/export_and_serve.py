@@ -89,7 +89,11 @@ def main(argv=None):
 
     # 1. The SavedModel: uint8 images of any size in, logits/probabilities/top-k out.
     saved_model = keras_vit.export_saved_model(
-        model, os.path.join(output, "saved_model"), class_names=class_names, top_k=3
+        model,
+        os.path.join(output, "saved_model"),
+        class_names=class_names,
+        top_k=3,
+        overwrite=True,  # this example's own folder: a second run replaces its files
     )
     print(f"SavedModel: {saved_model}")
 
@@ -110,7 +114,7 @@ def main(argv=None):
     print(client.stdout.strip() or client.stderr[-2000:])
 
     # 4. TFLite: float images at the model's size, scaled to [-1, 1].
-    tflite = keras_vit.export_tflite(model, os.path.join(output, "model.tflite"))
+    tflite = keras_vit.export_tflite(model, os.path.join(output, "model.tflite"), overwrite=True)
     images = keras_vit.preprocess_inputs(
         np.random.default_rng(2).integers(0, 256, size=(1, height, width, 3), dtype=np.uint8)
     )

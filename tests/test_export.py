@@ -385,9 +385,6 @@ def test_export_refuses_to_overwrite_unless_asked(tiny_config, tmp_path):
         export_saved_model(model, str(tmp_path / "new"), overwrite="yes")
 
 
-@pytest.mark.xfail(
-    reason="needs keras_vit/commands/export.py to pass overwrite=args.overwrite", strict=False
-)
 def test_cli_export_overwrite_replaces_the_output(tiny_config, tmp_path):
     model = tiny_model(tiny_config)
     model.save(tmp_path / "model.keras")

@@ -87,9 +87,12 @@ def run(args):
             preprocessing=args.preprocessing,
             class_names=class_names,
             top_k=args.top_k,
+            overwrite=args.overwrite,
         )
     else:
-        export.export_tflite(model, args.output, quantization=quantization)
+        export.export_tflite(
+            model, args.output, quantization=quantization, overwrite=args.overwrite
+        )
     names = f", {len(class_names)} class names" if class_names and args.format != "tflite" else ""
     print(f"Wrote {args.format} to {args.output}{names}")
     return 0
