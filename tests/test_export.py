@@ -561,7 +561,7 @@ def test_cli_export_saved_model_and_tflite(tiny_config, tmp_path, capsys):
     assert cli_main(arguments + ["--output", str(tflite)]) == 2
     assert "already exists" in capsys.readouterr().err
     assert cli_main(["export", "--model", str(tmp_path / "nope"), "--output", "x"]) == 2
-    assert "no such file or directory" in capsys.readouterr().err
+    assert "no such file or folder" in capsys.readouterr().err
     assert (
         cli_main(["export", "--model", str(run), "--output", "y", "--quantization", "dynamic"]) == 2
     )
