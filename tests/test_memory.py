@@ -112,6 +112,7 @@ libc.malloc.restype = ctypes.c_void_p
 libc.malloc.argtypes = [ctypes.c_size_t]
 libc.free.argtypes = [ctypes.c_void_p]
 libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+base = _memory.resident_bytes()
 def allocate(count, size):
     blocks = [libc.malloc(size) for _ in range(count)]
     for block in blocks:
@@ -123,12 +124,11 @@ blocks = allocate(65536, 4096)
 for i, block in enumerate(blocks):
     if i % 16:
         libc.free(block)
-freed = _memory.resident_bytes()
 # Then the process grows again with blocks too large for the 60 KiB holes
 # (and below glibc's 128 KiB threshold for a block of its own mapping).
 more = allocate(800, 100000)
 time.sleep(3 * _memory.RETURN_PERIOD_S + 1)
-print(freed, _memory.resident_bytes())
+print(base, _memory.resident_bytes())
 """
 
 
@@ -147,12 +147,14 @@ def test_freed_heap_pages_are_handed_back_once_the_process_grows(start):
         timeout=120,
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    freed, final = (int(x) for x in done.stdout.split())
-    # 240 MiB were freed and 76 MiB more allocated: without the thread the
-    # freed pages stay resident and the process grows; with it, most are
-    # handed back (about 225 MiB on the EPYC where this was written).
-    grown = (final - freed) / 2**20
+    base, final = (int(x) for x in done.stdout.split())
+    # 256 MiB allocated, 240 MiB of it freed (16 MiB stay in use), then 76 MiB
+    # more: without the thread the freed pages stay resident (~330 MiB above
+    # where the process started); with it they go back, whenever the thread
+    # happened to look (~92 MiB above). Measured from the start, so that the
+    # test does not depend on when the thread trimmed.
+    grown = (final - base) / 2**20
     if start:
-        assert grown < -100, grown
+        assert grown < 200, grown
     else:
-        assert grown > 50, grown
+        assert grown > 280, grown
