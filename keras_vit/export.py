@@ -551,9 +551,26 @@ def export_tflite(model, path, quantization=None, overwrite=False):
 
 
 def read_class_names(file):
-    """Reads class names from a JSON file: a list of strings, or {"class_names": [...]}."""
-    with open(file, encoding="utf-8") as handle:
-        data = json.load(handle)
+    """Reads class names from a JSON file: a list of strings, or {"class_names": [...]}.
+
+    Raises:
+        ValueError: naming the file, when it is not UTF-8 text, not JSON, or
+            does not hold a list of strings.
+        OSError: when it cannot be read.
+    """
+    file = _check_path(file, "file")
+    try:
+        with open(file, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except UnicodeDecodeError as error:
+        raise ValueError(
+            f"{file!r} is not UTF-8 text ({error.reason} at byte {error.start}); it must hold a "
+            "JSON list of class names"
+        ) from None
+    except json.JSONDecodeError as error:
+        raise ValueError(
+            f"{file!r} is not valid JSON ({error}); it must hold a JSON list of class names"
+        ) from None
     if isinstance(data, dict):
         for key in ("class_names", "classes"):
             if key in data:
@@ -561,10 +578,67 @@ def read_class_names(file):
                 break
     if not isinstance(data, list) or not all(isinstance(name, str) for name in data):
         raise ValueError(
-            f"{file} must hold a JSON list of class names (strings), or an object with a "
+            f"{file!r} must hold a JSON list of class names (strings), or an object with a "
             f'"class_names" list. Received: {str(data)[:100]}'
         )
     return data
+
+
+def find_trained(path, argument="path"):
+    """Where a trained model and its class names are, without reading them.
+
+    Args:
+        path: a `.keras` file, or a training output directory holding
+            `model.keras`.
+        argument: how errors name `path` (e.g. "--model" on the command line).
+
+    Returns:
+        (model_file, class_names_file): the `.keras` file, and the first of
+        `CLASS_NAME_FILES` in its directory, or None when there is none.
+
+    Raises:
+        FileNotFoundError: `path` does not exist, or is a directory without
+            `model.keras`.
+        ValueError: `path` is a file that is not a `.keras` file.
+    """
+    path = _check_path(path, argument)
+    if os.path.isdir(path):
+        directory, model_file = path, os.path.join(path, MODEL_FILE)
+        if not os.path.isfile(model_file):
+            raise FileNotFoundError(
+                f"No {MODEL_FILE} in the folder {path!r}: pass a .keras file or a training "
+                f"output folder holding {MODEL_FILE}. Received: {argument}={path!r}"
+            )
+    elif os.path.isfile(path):
+        if not path.endswith(".keras"):
+            raise ValueError(
+                f"A .keras file or a training output folder holding {MODEL_FILE} is needed. "
+                f"Received: {argument}={path!r}"
+            )
+        directory, model_file = os.path.dirname(os.path.abspath(path)), path
+    else:
+        raise FileNotFoundError(f"No such file or folder. Received: {argument}={path!r}")
+    for name in CLASS_NAME_FILES:
+        candidate = os.path.join(directory, name)
+        if os.path.isfile(candidate):
+            return model_file, candidate
+    return model_file, None
+
+
+def check_class_names(class_names, model, source):
+    """Raise ValueError unless `class_names` has one name per class of `model`'s head.
+
+    `source` names where the names came from in the message. A model without
+    a head (`num_classes=0`) takes any list.
+    """
+    if class_names is None or not _has_head(model):
+        return
+    classes = model.outputs[0].shape[-1]
+    if classes is not None and len(class_names) != classes:
+        raise ValueError(
+            f"{source} lists {len(class_names)} class names but the model has {classes} "
+            "classes; it must list one name per class, in index order"
+        )
 
 
 def load_trained(path):
@@ -580,31 +654,16 @@ def load_trained(path):
     Returns:
         (model, class_names): the `keras.Model` and a list of strings, or
         None when no class-name file is found.
+
+    Raises:
+        FileNotFoundError, ValueError: see `find_trained` and
+            `read_class_names`; also a ValueError when the class-name file
+            does not list one name per class of the model.
     """
-    path = _check_path(path)
-    if os.path.isdir(path):
-        directory, model_file = path, os.path.join(path, MODEL_FILE)
-        if not os.path.isfile(model_file):
-            raise FileNotFoundError(
-                f"No {MODEL_FILE} in the directory {path!r}; pass a .keras file or a training "
-                f"output directory. Received: path={path!r}"
-            )
-    elif os.path.isfile(path):
-        if not path.endswith(".keras"):
-            raise ValueError(
-                f"`path` must be a .keras file or a directory holding {MODEL_FILE}. "
-                f"Received: path={path!r}"
-            )
-        directory, model_file = os.path.dirname(os.path.abspath(path)), path
-    else:
-        raise FileNotFoundError(f"No such file or directory. Received: path={path!r}")
+    model_file, names_file = find_trained(path)
+    class_names = None if names_file is None else read_class_names(names_file)
     import keras_vit  # noqa: F401  (registers the layers)
 
     model = keras.models.load_model(model_file, safe_mode=True)
-    class_names = None
-    for name in CLASS_NAME_FILES:
-        candidate = os.path.join(directory, name)
-        if os.path.isfile(candidate):
-            class_names = read_class_names(candidate)
-            break
+    check_class_names(class_names, model, f"The class-name file {names_file!r}")
     return model, class_names

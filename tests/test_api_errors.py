@@ -1,6 +1,7 @@
 """Bad arguments get errors that name the argument, what was expected and what
 was received (DESIGN.md, "Rules of the house"). Tiny models only: seconds."""
 
+import json
 import os
 
 import keras
@@ -318,3 +319,57 @@ def test_plot_attention_refuses_images_it_would_misread():
     # What the docstring promises still works: uint8, and floats in [-1, 1].
     keras_vit.plot_attention(pixels.astype("uint8"), rollout)
     keras_vit.plot_attention(pixels / 127.5 - 1.0, rollout)
+
+
+# Reloading a trained model -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "content, phrase",
+    [
+        (b"{'a', 'b'", "is not valid JSON"),
+        (b'["\xff\xfe"]', "is not UTF-8 text"),
+        (b'{"classes": 3}', "must hold a JSON list of class names"),
+    ],
+)
+def test_read_class_names_names_the_file(tmp_path, content, phrase):
+    from keras_vit.export import read_class_names
+
+    file = tmp_path / "classes.json"
+    file.write_bytes(content)
+    with pytest.raises(ValueError, match=phrase) as raised:
+        read_class_names(file)
+    assert str(file) in str(raised.value)
+
+
+def test_find_trained_resolves_files_and_folders(tmp_path):
+    from keras_vit.export import find_trained
+
+    run = tmp_path / "run"
+    run.mkdir()
+    with pytest.raises(FileNotFoundError, match="No model.keras in the folder"):
+        find_trained(run)
+    (run / "model.keras").write_bytes(b"")
+    assert find_trained(run) == (os.path.join(run, "model.keras"), None)
+    (run / "class_names.json").write_text("[]")
+    assert find_trained(run)[1] == os.path.join(run, "class_names.json")
+    (run / "classes.json").write_text("[]")  # the first of CLASS_NAME_FILES wins
+    found = find_trained(os.path.join(run, "model.keras"))
+    assert found == (os.path.join(run, "model.keras"), os.path.join(run, "classes.json"))
+    with pytest.raises(ValueError, match=r"Received: --model=.*classes.json"):
+        find_trained(run / "classes.json", argument="--model")
+    with pytest.raises(FileNotFoundError, match="No such file or folder"):
+        find_trained(tmp_path / "gone.keras")
+
+
+def test_load_trained_checks_one_name_per_class(tiny_config, tmp_path):
+    from keras_vit.export import load_trained
+
+    model = keras_vit.VisionTransformer(**tiny_config)  # 10 classes
+    model.save(tmp_path / "model.keras")
+    (tmp_path / "classes.json").write_text('["cat", "dog"]')
+    with pytest.raises(ValueError, match="lists 2 class names but the model has 10 classes"):
+        load_trained(tmp_path)
+    names = [f"class {i}" for i in range(10)]
+    (tmp_path / "classes.json").write_text(json.dumps(names))
+    assert load_trained(tmp_path)[1] == names

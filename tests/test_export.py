@@ -527,9 +527,9 @@ def test_load_trained_folder_and_file(tiny_config, tmp_path, images):
     with pytest.raises(ValueError, match="must hold a JSON list of class names"):
         load_trained(str(tmp_path))
     (tmp_path / "empty").mkdir()
-    with pytest.raises(FileNotFoundError, match="No model.keras in the directory"):
+    with pytest.raises(FileNotFoundError, match="No model.keras in the folder"):
         load_trained(str(tmp_path / "empty"))
-    with pytest.raises(FileNotFoundError, match="No such file or directory"):
+    with pytest.raises(FileNotFoundError, match="No such file or folder"):
         load_trained(str(tmp_path / "missing.keras"))
 
 
@@ -561,7 +561,7 @@ def test_cli_export_saved_model_and_tflite(tiny_config, tmp_path, capsys):
     assert cli_main(arguments + ["--output", str(tflite)]) == 2
     assert "already exists" in capsys.readouterr().err
     assert cli_main(["export", "--model", str(tmp_path / "nope"), "--output", "x"]) == 2
-    assert "no such file or folder" in capsys.readouterr().err
+    assert "no such file or folder" in capsys.readouterr().err.lower()
     assert (
         cli_main(["export", "--model", str(run), "--output", "y", "--quantization", "dynamic"]) == 2
     )

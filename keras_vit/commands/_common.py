@@ -3,7 +3,6 @@ with usage errors that name the file and the flag, and telling the flags that
 were typed from those left at their defaults."""
 
 import argparse
-import json
 import os
 import sys
 import zipfile
@@ -46,41 +45,20 @@ def read_class_names(file, what):
 
     try:
         return export.read_class_names(file)
-    except UnicodeDecodeError as error:
-        raise UsageError(
-            f"{what} {file!r} is not UTF-8 text ({error.reason} at byte {error.start}); it must "
-            "hold a JSON list of class names"
-        ) from None
-    except json.JSONDecodeError as error:
-        raise UsageError(
-            f"{what} {file!r} is not valid JSON ({error}); it must hold a JSON list of class names"
-        ) from None
     except OSError as error:
         raise UsageError(f"{what} {file!r} cannot be read: {error.strerror or error}") from None
-    except ValueError as error:  # keras_vit's own check of the content
+    except ValueError as error:  # not UTF-8, not JSON, not a list of names: names the file
         raise UsageError(f"{what}: {error}") from None
 
 
-def find_model_file(path, flag="--model"):
-    """(the .keras file, the folder of its class names) for a .keras file or a run folder."""
-    from keras_vit.export import MODEL_FILE
+def find_trained(path, flag="--model"):
+    """`keras_vit.export.find_trained`, its errors being usage errors that name `flag`."""
+    from keras_vit import export
 
-    if os.path.isdir(path):
-        file = os.path.join(path, MODEL_FILE)
-        if not os.path.isfile(file):
-            raise UsageError(
-                f"{flag} must be a .keras file or a `keras-vit train` output folder holding "
-                f"{MODEL_FILE}. Received: {flag} {path!r} (a folder without {MODEL_FILE})"
-            )
-        return file, path
-    if not os.path.exists(path):
-        raise UsageError(f"{flag}: no such file or folder. Received: {flag} {path!r}")
-    if not path.endswith(".keras"):
-        raise UsageError(
-            f"{flag} must be a .keras file or a `keras-vit train` output folder. "
-            f"Received: {flag} {path!r}"
-        )
-    return path, os.path.dirname(os.path.abspath(path))
+    try:
+        return export.find_trained(path, argument=flag)
+    except (FileNotFoundError, ValueError) as error:
+        raise UsageError(f"{flag}: {error}") from None
 
 
 def load_keras_file(file, flag="--model", **kwargs):
@@ -117,29 +95,24 @@ def load_trained(path, class_names_file=None, flag="--model"):
     the folder. A class-name file is read before the model, and must list one
     name per class of the model's head.
     """
-    from keras_vit.export import CLASS_NAME_FILES
+    from keras_vit import export
 
-    file, directory = find_model_file(path, flag)
-    names, source = None, None
+    file, names_file = find_trained(path, flag)
     if class_names_file is not None:
         if not os.path.isfile(class_names_file):
             raise UsageError(f"--class-names: no such file. Received: {class_names_file!r}")
         source = f"--class-names {class_names_file!r}"
         names = read_class_names(class_names_file, "--class-names")
+    elif names_file is not None:
+        source = f"The class-name file {names_file!r} (beside {flag})"
+        names = read_class_names(names_file, "the class-name file")
     else:
-        for name in CLASS_NAME_FILES:
-            candidate = os.path.join(directory, name)
-            if os.path.isfile(candidate):
-                source = f"the class-name file {candidate!r} (beside {flag})"
-                names = read_class_names(candidate, "the class-name file")
-                break
+        source, names = None, None
     model = load_keras_file(file, flag)
-    classes = num_classes(model)
-    if names is not None and classes is not None and len(names) != classes:
-        raise UsageError(
-            f"{source} lists {len(names)} class names but the model {file!r} has {classes} "
-            "classes; it must list one name per class, in index order"
-        )
+    try:
+        export.check_class_names(names, model, source)
+    except ValueError as error:
+        raise UsageError(f"{error} ({file!r})") from None
     return model, names
 
 

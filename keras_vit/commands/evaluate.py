@@ -27,7 +27,7 @@ def run(args):
     from keras_vit import training
     from keras_vit.commands._common import (
         check_data_spec,
-        find_model_file,
+        find_trained,
         load_data,
         load_keras_file,
         num_classes,
@@ -38,7 +38,7 @@ def run(args):
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be positive. Received: {args.batch_size}")
     check_data_spec(args.data)
-    model = load_keras_file(find_model_file(args.model)[0])
+    model = load_keras_file(find_trained(args.model)[0])
     classes = num_classes(model)
     if classes is None:
         raise UsageError(f"--model {args.model!r} has no classification head (num_classes=0)")
