@@ -38,19 +38,49 @@ def _check_model(model):
         )
 
 
-def _source_grid(num_grid, target_grid, hint):
+def _source_grid(num_grid, target_grid, hint, key, no_class_token):
+    if num_grid < 1:
+        raise ValueError(
+            f"The checkpoint's position embedding '{key}' has no grid tokens (at most a "
+            "class-token position); the checkpoint is corrupt and cannot be loaded."
+        )
     if hint is not None:
         return tuple(hint)
     if num_grid == target_grid[0] * target_grid[1]:
         return tuple(target_grid)
     side = int(round(np.sqrt(num_grid)))
     if side * side != num_grid:
+        # A class-token position without a class token looks like a non-square grid.
+        why = (
+            " (the checkpoint has no class token: if the first position is a class token's, "
+            "the class token is missing from the checkpoint)"
+            if no_class_token and _is_square_or(num_grid - 1, target_grid)
+            else ""
+        )
         raise ValueError(
-            f"The checkpoint's position embedding has {num_grid} grid tokens, which is not a "
-            f"square grid and not the model's {target_grid}; pass its grid as "
-            "`source_grid=(height, width)`."
+            f"The checkpoint's position embedding '{key}' has {num_grid} grid tokens, which "
+            f"is not a square grid and not the model's {tuple(target_grid)}{why}; pass its "
+            "grid as `source_grid=(height, width)`."
         )
     return (side, side)
+
+
+def _is_square_or(num_grid, target_grid):
+    side = int(round(np.sqrt(max(num_grid, 0))))
+    return num_grid > 0 and (side * side == num_grid or num_grid == target_grid[0] * target_grid[1])
+
+
+def _linear_pairs(pairs, layer, kernel, bias, key):
+    """Pair a Dense layer with a checkpoint (kernel, bias); an absent array (None) is
+    already listed as missing by the mapper, and its weight is reported unfilled."""
+    if kernel is not None:
+        pairs.append(checked_pair(layer.kernel, kernel, key))
+    if bias is not None:
+        pairs.append(checked_pair(layer.bias, bias, _bias_key(key)))
+
+
+def _bias_key(key):
+    return key.replace("kernel", "bias").replace("weight", "bias")
 
 
 def load_weights(model, path, source_grid=None, resize_method=None):
@@ -121,7 +151,13 @@ def load_weights(model, path, source_grid=None, resize_method=None):
                 f"{tuple(array.shape)}, the model expects (1, tokens, {target[2]})."
             )
         ckpt_prefix = 1 if "class_token" in special else 0
-        grid = _source_grid(array.shape[1] - ckpt_prefix, encoder.grid_size, source_grid)
+        grid = _source_grid(
+            array.shape[1] - ckpt_prefix,
+            encoder.grid_size,
+            source_grid,
+            key,
+            no_class_token=encoder.class_token and not ckpt_prefix,
+        )
         method = resize_method or RESIZE_METHODS[layout]
         resized = resize_position_embedding(array, grid, encoder.grid_size, ckpt_prefix, method)
         if grid != tuple(encoder.grid_size):
@@ -144,9 +180,7 @@ def load_weights(model, path, source_grid=None, resize_method=None):
         if "pre_logits" not in special:
             missing.append(f"pre_logits (model weight {pre_logits.kernel.path})")
         else:
-            kernel, bias, key = special["pre_logits"]
-            pairs.append(checked_pair(pre_logits.kernel, kernel, key))
-            pairs.append(checked_pair(pre_logits.bias, bias, key.replace("kernel", "bias")))
+            _linear_pairs(pairs, pre_logits, *special["pre_logits"])
             report["pre_logits"] = "loaded"
     elif "pre_logits" in special:
         report["pre_logits"] = "dropped"
@@ -155,18 +189,21 @@ def load_weights(model, path, source_grid=None, resize_method=None):
             "Dropped the checkpoint's pre-logits layer (the model has no representation_size)."
         )
     if head is not None:
+        kernel = special["head"][0] if "head" in special else None
+        if head_ok and kernel is not None and kernel.shape[:1] != tuple(head.kernel.shape[:1]):
+            # Another number of classes resets the head; another input width is a
+            # checkpoint of another architecture (or a corrupt one), never a reset.
+            checked_pair(head.kernel, kernel, special["head"][2])
         if (
             "head" in special
             and head_ok
-            and tuple(special["head"][0].shape) == tuple(head.kernel.shape)
+            and (kernel is None or tuple(kernel.shape) == tuple(head.kernel.shape))
         ):
-            kernel, bias, key = special["head"]
-            pairs.append(checked_pair(head.kernel, kernel, key))
-            pairs.append(checked_pair(head.bias, bias, key.replace("kernel", "bias")))
+            _linear_pairs(pairs, head, *special["head"])
             report["head"] = "loaded"
         else:
             report["head"] = "reset"
-            found = tuple(special["head"][0].shape) if "head" in special else "no head"
+            found = tuple(kernel.shape) if kernel is not None else "no head"
             logger.warning(
                 "The head was not loaded (checkpoint head %s, model head %s%s); it keeps its "
                 "initial zeros, to be fine-tuned.",
@@ -193,6 +230,8 @@ def load_weights(model, path, source_grid=None, resize_method=None):
             f"Model weights left unfilled: {', '.join(unfilled) or 'none'}. "
             "Nothing was loaded."
         )
+    # Every array is already checked and cast (checked_pair): the assignment cannot fail
+    # half-way.
     for variable, array, _ in pairs:
-        variable.assign(array.astype(variable.dtype))
+        variable.assign(array)
     return report

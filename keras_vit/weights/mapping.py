@@ -43,14 +43,38 @@ class Source:
         return array
 
 
+def _is_numeric(dtype):
+    """Real numbers: numpy's floats and integers, and ml_dtypes' bfloat16 / float8."""
+    return dtype.kind in "fiu" or dtype.name.startswith(("bfloat16", "float8", "float6", "float4"))
+
+
 def checked_pair(variable, array, key):
-    """(variable, array, key), or a ValueError naming both when the shapes differ."""
+    """(variable, array cast to the variable's dtype, key), checked before anything is assigned.
+
+    A ValueError names the key when the shapes differ (both shapes), when the
+    array does not hold real numbers (strings, booleans, complex numbers), or
+    when it holds NaN or infinite values: all of these would otherwise fail or
+    load silently wrong weights during the assignment.
+    """
     array = np.asarray(array)
     if tuple(array.shape) != tuple(variable.shape):
         raise ValueError(
             f"Shape mismatch for checkpoint key '{key}' -> model weight '{variable.path}': "
             f"the checkpoint has {tuple(array.shape)}, the model expects "
             f"{tuple(variable.shape)}."
+        )
+    if not _is_numeric(array.dtype):
+        raise ValueError(
+            f"Checkpoint key '{key}' -> model weight '{variable.path}' must hold real numbers "
+            f"(a float or integer array). Received: an array of dtype {array.dtype}"
+        )
+    array = array.astype(variable.dtype, copy=False)
+    finite = np.isfinite(array)
+    if not finite.all():
+        raise ValueError(
+            f"Checkpoint key '{key}' -> model weight '{variable.path}' holds "
+            f"{array.size - int(np.count_nonzero(finite))} NaN or infinite value(s) (as "
+            f"{variable.dtype}); the checkpoint is corrupt or was saved from a diverged run."
         )
     return (variable, array, key)
 
@@ -209,7 +233,7 @@ def map_original(model, params):
                 f"imported: {error}"
             ) from None
         resnet_pairs, resnet_used = resnet_mapping.map_resnet(model.get_layer("resnet"), params)
-        pairs.extend(resnet_pairs)
+        pairs.extend(checked_pair(variable, array, key) for variable, array, key in resnet_pairs)
         source.used |= set(resnet_used)
     return pairs, source, special
 
