@@ -120,9 +120,18 @@ def run(args):
         raise UsageError(
             "SRC must be a .npz or .safetensors file or a preset name (keras_vit.weights.PRESETS)"
             + (f"; close matches: {', '.join(close)}" if close else "")
-            + f". Received: SRC {args.source!r} (no such file, and no preset of that name)"
+            + f". Received: SRC {args.source!r} ("
+            + (
+                "a folder, not a checkpoint file"
+                if os.path.isdir(args.source)
+                else "no such file, and no preset of that name"
+            )
+            + ")"
         )
-    path = resolve(args.source)
+    try:
+        path = resolve(args.source)
+    except OSError as error:  # a preset whose download failed (named with its URL)
+        raise UsageError(f"SRC {args.source!r}: {error}") from None
     try:
         # The size is needed to read a non-square checkpoint's grid.
         inferred = infer_config(

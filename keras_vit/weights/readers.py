@@ -1,6 +1,8 @@
 """Checkpoint readers: a file -> a flat dict of numpy arrays, no pickle."""
 
+import json
 import os
+import struct
 import zipfile
 
 import numpy as np
@@ -21,10 +23,15 @@ def read_checkpoint(path):
 
     Raises:
         FileNotFoundError: when `path` does not exist.
-        ValueError: for a pickle-based or unknown format, or a truncated or
-            corrupt file (the file is named).
+        ValueError: for a folder, a pickle-based or unknown format, or a
+            truncated or corrupt file (the file is named).
     """
     path = path_like("path", path)
+    if os.path.isdir(path):
+        raise ValueError(
+            f"`path` must be a checkpoint file (.npz or .safetensors), not a folder. "
+            f"Received: path={path!r} (a folder)"
+        )
     if not os.path.isfile(path):
         raise FileNotFoundError(f"No such checkpoint file: {path}")
     lower = path.lower()
@@ -103,3 +110,40 @@ def detect_format(params):
         "Transformer/...), timm keys (patch_embed.proj.weight, blocks.N...) or Hugging Face "
         f"keys (vit.embeddings...). Received keys such as: {sample}"
     )
+
+
+def is_complete(path):
+    """Whether a .npz / .safetensors file is whole, from its structure alone (cheap).
+
+    A .npz (zip) file must end with its central directory, and a .safetensors
+    file must be as long as its header says. A download cut short fails this,
+    whether or not the server sent a Content-Length. Other suffixes: True.
+    """
+    lower = path.lower()
+    try:
+        if lower.endswith(".npz"):
+            with zipfile.ZipFile(path) as archive:
+                return bool(archive.namelist())
+        if lower.endswith(".safetensors"):
+            size = os.path.getsize(path)
+            with open(path, "rb") as handle:
+                (header_size,) = struct.unpack("<Q", handle.read(8))
+                if header_size > size - 8:
+                    return False
+                header = json.loads(handle.read(header_size))
+            ends = [
+                entry["data_offsets"][1] for name, entry in header.items() if name != "__metadata__"
+            ]
+            return size == 8 + header_size + max(ends, default=0)
+    except (
+        OSError,
+        ValueError,
+        KeyError,
+        TypeError,
+        IndexError,
+        AttributeError,
+        struct.error,
+        zipfile.BadZipFile,
+    ):
+        return False
+    return True
