@@ -12,7 +12,7 @@ import numpy as np
 from keras import ops
 
 from keras_vit.layers import PatchEncoder, TransformerBlock
-from keras_vit.layers._checks import boolean
+from keras_vit.layers._checks import boolean, positive_int
 from keras_vit.layers.patches import PatchGrid
 from keras_vit.models import _grid_stride, _takes_any_size
 
@@ -73,11 +73,12 @@ def _image_grid(model, image_shape):
     """
     expected = tuple(model.input_shape[1:])
     shape = tuple(image_shape)
+    one_image = " (one image? add a batch axis: images[None])" if len(shape) == 3 else ""
     if not _takes_any_size(model):
         if len(shape) != 4 or shape[1:] != expected:
             raise ValueError(
                 f"`images` must be a batch of shape (batch, {', '.join(map(str, expected))}), "
-                f"preprocessed to [-1, 1]. Received: images.shape={shape}"
+                f"preprocessed to [-1, 1]. Received: images.shape={shape}{one_image}"
             )
         return tuple(patch_encoder(model).grid_size)
     stride = _stride(model)
@@ -90,7 +91,7 @@ def _image_grid(model, image_shape):
             "`images` must be a batch of shape (batch, height, width, "
             f"{expected[2]}) whose height and width are positive multiples of {stride} "
             "(this model takes any such size), preprocessed to [-1, 1]. "
-            f"Received: images.shape={shape}"
+            f"Received: images.shape={shape}{one_image}"
         )
     return tuple(side // step for side, step in zip(shape[1:3], stride))
 
@@ -117,6 +118,12 @@ def check_scaled(name, images):
         return
     if values.size == 0 or not np.issubdtype(values.dtype, np.number):
         return
+    if not np.all(np.isfinite(values)):
+        raise ValueError(
+            f"`{name}` must hold finite values (images scaled to [-1, 1]). "
+            f"Received: {name} with {int(np.size(values) - np.isfinite(values).sum())} "
+            "NaN or infinite values"
+        )
     low, high = float(np.min(values)), float(np.max(values))
     if high > SCALED_BOUND or low < -SCALED_BOUND:
         raise ValueError(
@@ -126,8 +133,27 @@ def check_scaled(name, images):
 
 
 def _check_images(model, images):
-    images = np.asarray(images) if not hasattr(images, "shape") else images
+    original = images
+    if not hasattr(images, "shape") or not hasattr(images, "dtype"):
+        try:  # nested lists of numbers
+            images = np.asarray(images)
+        except (TypeError, ValueError):  # ragged
+            images = None
+    try:
+        dtype = keras.backend.standardize_dtype(images.dtype)
+    except (AttributeError, TypeError, ValueError):
+        dtype = None
+    if dtype is None or dtype == "bool" or not dtype.startswith(("float", "int", "uint")):
+        received = f"{type(original).__name__}" + (f" of dtype {dtype}" if dtype else "")
+        raise TypeError(
+            "`images` must be a (batch, height, width, channels) array of float images "
+            f"scaled to [-1, 1]. Received: images of type {received}"
+        )
     _image_grid(model, images.shape)
+    if images.shape[0] == 0:
+        raise ValueError(
+            f"`images` must hold at least one image. Received: images.shape={tuple(images.shape)}"
+        )
     check_scaled("images", images)
     return ops.convert_to_tensor(images, dtype="float32")
 
@@ -163,10 +189,7 @@ def attention_maps(model, images, batch_size=32):
     """
     blocks = transformer_blocks(model)
     images = _check_images(model, images)
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(
-            f"`batch_size` must be a positive integer. Received: batch_size={batch_size!r}"
-        )
+    batch_size = positive_int("batch_size", batch_size)
     block_inputs = keras.Model(_model_input(model), [block.input for block in blocks])
     per_batch = []
     for start in range(0, images.shape[0], batch_size):
