@@ -6,6 +6,7 @@ keras_vit, including one loaded from a `.keras` file, gap models and hybrids.
 """
 
 import math
+import numbers
 
 import keras
 import numpy as np
@@ -204,6 +205,31 @@ def attention_maps(model, images, batch_size=32):
     return [np.concatenate(layer, axis=0).astype("float32") for layer in zip(*per_batch)]
 
 
+# Rows of softmax weights sum to 1; this leaves room for bfloat16 maps.
+ROW_SUM_TOLERANCE = 1e-2
+
+
+def _check_weights(maps):
+    """ValueError unless every (…, tokens, tokens) array of `maps` holds attention
+    weights: finite, non-negative, each row summing to 1 (not logits, not scores)."""
+    expected = (
+        "`maps` must hold attention weights as keras_vit.attention_maps returns them "
+        "(softmax outputs: finite, non-negative, each row summing to 1)"
+    )
+    for index, layer_maps in enumerate(maps):
+        if not np.all(np.isfinite(layer_maps)):
+            raise ValueError(f"{expected}. Received: NaN or infinite values in maps[{index}]")
+        low = float(layer_maps.min())
+        if low < 0:
+            raise ValueError(f"{expected}. Received: maps[{index}] with values down to {low:g}")
+        sums = layer_maps.sum(axis=-1)
+        if np.any(np.abs(sums - 1.0) > ROW_SUM_TOLERANCE):
+            raise ValueError(
+                f"{expected}. Received: maps[{index}] with rows summing to "
+                f"{float(sums.min()):g} .. {float(sums.max()):g}"
+            )
+
+
 def _grid_and_prefix(num_tokens, grid_size):
     if isinstance(grid_size, keras.Model):
         encoder = patch_encoder(grid_size)
@@ -218,7 +244,12 @@ def _grid_and_prefix(num_tokens, grid_size):
         grid_size = encoder.grid_size
     if grid_size is not None:
         try:
-            grid_h, grid_w = (int(g) for g in grid_size)
+            grid_h, grid_w = grid_size
+            if not all(
+                isinstance(g, numbers.Integral) and not isinstance(g, bool) for g in grid_size
+            ):
+                raise TypeError
+            grid_h, grid_w = int(grid_h), int(grid_w)
         except (TypeError, ValueError):
             raise ValueError(
                 "`grid_size` must be (height, width) of the patch grid or a keras_vit model. "
@@ -256,7 +287,9 @@ def attention_rollout(maps, discard_ratio=0.0, head_fusion="mean", grid_size=Non
 
     Args:
         maps: the list of per-layer (batch, heads, tokens, tokens) attention
-            weights that `attention_maps` returns (not the model).
+            weights that `attention_maps` returns (not the model). Weights
+            that are negative, not finite, or whose rows do not sum to 1
+            (logits, unnormalised scores) are refused with a ValueError.
         discard_ratio: fraction in [0, 1) of the weights of each map to drop.
         head_fusion: "mean", "max" or "min" over the heads.
         grid_size: (h, w) of the patch grid, or the keras_vit model the maps
@@ -316,6 +349,7 @@ def attention_rollout(maps, discard_ratio=0.0, head_fusion="mean", grid_size=Non
             "the same batch and tokens in every layer. "
             f"Received shapes: {[np.shape(m) for m in maps]}{one_layer}"
         )
+    _check_weights(maps)
     batch, _, num_tokens, _ = maps[0].shape
     (grid_h, grid_w), prefix = _grid_and_prefix(num_tokens, grid_size)
     identity = np.eye(num_tokens)
@@ -438,7 +472,8 @@ def mean_attention_distance(model, images, maps=None):
         images: (batch, height, width, channels) images in [-1, 1]; unused
             when `maps` is given, except to tell the grid of a model built
             with `dynamic_image_size=True`.
-        maps: the `attention_maps` of `model` for the images, to reuse.
+        maps: the `attention_maps` of `model` for the images, to reuse;
+            checked as `attention_rollout` checks them.
 
     Returns:
         A (layers, heads) float32 array.
@@ -448,6 +483,8 @@ def mean_attention_distance(model, images, maps=None):
         raise ValueError("`images` must be given when `maps` is not. Received: images=None")
     stride_h, stride_w = _stride(model)
     if not _takes_any_size(model):
+        if images is not None:  # unused with `maps`, but not to be of another model
+            _image_grid(model, np.shape(images))
         grid_h, grid_w = encoder.grid_size
     elif images is not None:
         grid_h, grid_w = _image_grid(model, np.shape(images))
@@ -474,13 +511,15 @@ def mean_attention_distance(model, images, maps=None):
             f"`maps` must be (batch, heads, {num_tokens}, {num_tokens}) arrays for this model. "
             f"Received shapes: {shapes}"
         )
+    maps = [np.asarray(layer_maps, "float64") for layer_maps in maps]
+    _check_weights(maps)
     # Pixel size of one patch step on the input image (hybrids: the stem's stride).
     rows, cols = np.meshgrid(np.arange(grid_h), np.arange(grid_w), indexing="ij")
     centres = np.stack([rows.ravel() * stride_h, cols.ravel() * stride_w], axis=-1)
     distance = np.linalg.norm(centres[:, None] - centres[None], axis=-1)
     result = []
     for layer_maps in maps:
-        patches = np.asarray(layer_maps, "float64")[:, :, prefix:, prefix:]
+        patches = layer_maps[:, :, prefix:, prefix:]
         patches = patches / patches.sum(axis=-1, keepdims=True)
         result.append((patches * distance).sum(-1).mean(axis=(0, 2)))
     return np.asarray(result, dtype="float32")

@@ -49,3 +49,51 @@ def test_batch_size_takes_numpy_integers(tiny):
     assert [m.shape for m in maps] == [(3, 2, 17, 17)] * 2
     with pytest.raises(ValueError, match="batch_size=1.0"):
         keras_vit.attention_maps(tiny, images, batch_size=1.0)
+
+
+def softmax(logits):
+    weights = np.exp(logits - logits.max(-1, keepdims=True))
+    return weights / weights.sum(-1, keepdims=True)
+
+
+@pytest.mark.parametrize(
+    "change, phrase",
+    [
+        (lambda w: np.log(w), "values down to"),  # logits, not weights
+        (lambda w: w * 3, "rows summing to 3"),  # scores not normalised
+        (lambda w: np.where(w > 0.1, np.nan, w), "NaN or infinite"),
+    ],
+)
+def test_rollout_and_distance_refuse_maps_that_are_not_attention_weights(tiny, change, phrase):
+    weights = softmax(np.random.default_rng(0).normal(size=(1, 2, 17, 17)))
+    bad = [weights, change(weights)]
+    with pytest.raises(ValueError, match=f"attention weights.*{phrase}"):
+        keras_vit.attention_rollout(bad)
+    with pytest.raises(ValueError, match=f"attention weights.*{phrase}"):
+        keras_vit.mean_attention_distance(tiny, None, maps=bad)
+
+
+def test_rollout_rows_sum_to_one_for_a_batch_of_real_maps(tiny):
+    # Per image, the class token's rollout row sums to 1: the patches' part plus its
+    # own weight, computed here in NumPy from the maps.
+    images = np.random.default_rng(1).uniform(-1, 1, (3, 32, 32, 3)).astype("float32")
+    maps = keras_vit.attention_maps(tiny, images)
+    for layer_maps in maps:
+        np.testing.assert_allclose(layer_maps.sum(-1), 1.0, atol=1e-5)
+    rollout = keras_vit.attention_rollout(maps, discard_ratio=0.5, head_fusion="max")
+    assert rollout.shape == (3, 4, 4) and np.all(rollout >= 0)
+    assert np.all(rollout.reshape(3, -1).sum(-1) <= 1 + 1e-6)
+
+
+def test_rollout_refuses_a_fractional_grid_size():
+    uniform = np.full((1, 2, 17, 17), 1 / 17)
+    # int(4.5) == 4 made it a 4 x 4 grid before.
+    with pytest.raises(ValueError, match=r"grid_size=\(4.5, 4\)"):
+        keras_vit.attention_rollout([uniform], grid_size=(4.5, 4))
+    assert keras_vit.attention_rollout([uniform], grid_size=(np.int64(4), 4)).shape == (1, 4, 4)
+
+
+def test_mean_attention_distance_checks_images_given_with_maps(tiny):
+    maps = [np.full((1, 2, 17, 17), 1 / 17)]
+    with pytest.raises(ValueError, match=r"images.shape=\(1, 64, 64, 3\)"):
+        keras_vit.mean_attention_distance(tiny, np.zeros((1, 64, 64, 3)), maps=maps)
