@@ -381,7 +381,10 @@ def _block_index(blocks, layer):
             raise ValueError(f"`layers`: no block named {layer!r}. The blocks are {names}")
         return names.index(layer)
     if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)):
-        raise TypeError(f"`layers` must hold block indices or names. Received: {layer!r}")
+        raise TypeError(
+            f"`layers` must hold block indices or names. Received: {layer!r} "
+            f"of type {type(layer).__name__}"
+        )
     if not -len(blocks) <= layer < len(blocks):
         raise ValueError(
             f"`layers`: block index {layer} is out of range for a model with {len(blocks)} blocks."
@@ -396,8 +399,8 @@ def feature_extractor(model, layers=None, patch_grid=False, name=None):
 
     Args:
         model: a ViT built by keras_vit.
-        layers: None for every block, or a list of block indices (negative
-            counts from the end) or block names such as
+        layers: None for every block, or a list (tuple, range, 1-D array)
+            of block indices (negative counts from the end) or block names such as
             "transformer_block_3". A single int or name gives one output.
         patch_grid: False for the (batch, tokens, D) token sequence; True (a
             bool: anything else is refused) for
@@ -422,6 +425,13 @@ def feature_extractor(model, layers=None, patch_grid=False, name=None):
     """
     blocks = transformer_blocks(model)
     patch_grid = boolean("patch_grid", patch_grid)
+    if (isinstance(layers, np.ndarray) and layers.ndim == 1) or isinstance(layers, range):
+        layers = list(layers)
+    elif isinstance(layers, (set, frozenset, dict)):
+        raise TypeError(
+            "`layers` must be a block index or name, or a list of them in the order "
+            f"wanted (a {type(layers).__name__} has no order). Received: layers={layers!r}"
+        )
     single = layers is not None and not isinstance(layers, (list, tuple))
     chosen = range(len(blocks)) if layers is None else [layers] if single else layers
     indices = [_block_index(blocks, layer) for layer in chosen]

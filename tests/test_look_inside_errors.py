@@ -97,3 +97,13 @@ def test_mean_attention_distance_checks_images_given_with_maps(tiny):
     maps = [np.full((1, 2, 17, 17), 1 / 17)]
     with pytest.raises(ValueError, match=r"images.shape=\(1, 64, 64, 3\)"):
         keras_vit.mean_attention_distance(tiny, np.zeros((1, 64, 64, 3)), maps=maps)
+
+
+def test_feature_extractor_takes_ranges_and_arrays_of_block_indices(tiny):
+    # A range or an array was taken for one index and refused before.
+    for layers in (range(2), np.array([0, 1])):
+        assert len(keras_vit.feature_extractor(tiny, layers=layers).outputs) == 2
+    with pytest.raises(TypeError, match="has no order"):
+        keras_vit.feature_extractor(tiny, layers={0, 1})
+    with pytest.raises(TypeError, match="Received: 1.0 of type float"):
+        keras_vit.feature_extractor(tiny, layers=[1.0])
