@@ -107,3 +107,55 @@ def test_feature_extractor_takes_ranges_and_arrays_of_block_indices(tiny):
         keras_vit.feature_extractor(tiny, layers={0, 1})
     with pytest.raises(TypeError, match="Received: 1.0 of type float"):
         keras_vit.feature_extractor(tiny, layers=[1.0])
+
+
+def test_plots_refuse_a_folder_path_and_write_no_sibling_file(tmp_path):
+    folder = tmp_path / "plots"
+    folder.mkdir()
+    image, heat = np.zeros((32, 32, 3), "uint8"), np.eye(4)
+    # matplotlib wrote "plots.png" beside the folder before.
+    with pytest.raises(ValueError, match="`path` must be a file path.*not a folder"):
+        keras_vit.plot_attention(image, heat, path=folder)
+    with pytest.raises(FileNotFoundError, match="`path`.*does not exist"):
+        keras_vit.plot_attention(image, heat, path=folder / "missing" / "a.png")
+    with pytest.raises(ValueError, match=r"`path` must end in a picture format.*a\.xyz"):
+        keras_vit.plot_attention(image, heat, path=folder / "a.xyz")
+    with pytest.raises(TypeError, match="path=3 of type int"):
+        keras_vit.plot_attention(image, heat, path=3)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plots"]
+    assert list(folder.iterdir()) == []
+
+
+def test_a_plot_path_without_extension_is_a_png_at_that_path(tmp_path):
+    keras_vit.plot_attention(np.zeros((32, 32, 3), "uint8"), np.eye(4), path=tmp_path / "panel")
+    assert [p.name for p in tmp_path.iterdir()] == ["panel"]
+    assert (tmp_path / "panel").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    "image, heat, error, phrase",
+    [
+        (
+            np.zeros((32, 32, 3), "uint8"),
+            np.array([[np.nan, 1.0], [0.0, 1.0]]),
+            ValueError,
+            "finite",
+        ),
+        (np.zeros((32, 32, 3), "uint8"), np.zeros((0, 4)), ValueError, r"shape=\(0, 4\)"),
+        (np.zeros((32, 32, 3), "uint8"), "rollout", TypeError, "of type str"),
+        (np.zeros((0, 0, 3), "uint8"), np.eye(4), ValueError, r"image.shape=\(0, 0, 3\)"),
+        ("cat.png", np.eye(4), TypeError, "`image` must be an array.*of type str"),
+    ],
+)
+def test_plot_attention_refuses_bad_images_and_maps(image, heat, error, phrase):
+    with pytest.raises(error, match=phrase):
+        keras_vit.plot_attention(image, heat)
+
+
+def test_overlay_names_a_bad_colormap_and_size():
+    from keras_vit.visualize import attention_overlay, upsample_map
+
+    with pytest.raises(ValueError, match="colormap='nope'"):
+        attention_overlay(np.zeros((8, 8, 3), "uint8"), np.eye(2), colormap="nope")
+    with pytest.raises(ValueError, match=r"`size`.*size=\(0, 8\)"):
+        upsample_map(np.eye(2), (0, 8))
