@@ -1,10 +1,12 @@
 """Looking inside a ViT with the wrong input: clear errors, never a silently
 wrong result (keras_vit.inspection, keras_vit.visualize, `keras-vit explain`)."""
 
+import keras
 import numpy as np
 import pytest
 
 import keras_vit
+from keras_vit import cli
 
 
 @pytest.fixture
@@ -159,3 +161,55 @@ def test_overlay_names_a_bad_colormap_and_size():
         attention_overlay(np.zeros((8, 8, 3), "uint8"), np.eye(2), colormap="nope")
     with pytest.raises(ValueError, match=r"`size`.*size=\(0, 8\)"):
         upsample_map(np.eye(2), (0, 8))
+
+
+def run_explain(capsys, *argv):
+    """(exit status, stderr) of `keras-vit explain ARGV`, run in this process."""
+    capsys.readouterr()
+    code = cli.main(["explain", *map(str, argv)])
+    return code, capsys.readouterr().err
+
+
+def assert_usage_error(result, *phrases):
+    code, err = result
+    assert code == 2, err
+    assert "usage:" in err and "Traceback" not in err
+    for phrase in phrases:
+        assert phrase in err, (phrase, err)
+
+
+def png(path):
+    from PIL import Image
+
+    Image.fromarray(np.zeros((20, 30, 3), "uint8")).save(path)
+    return path
+
+
+def test_explain_checks_the_images_before_loading_the_model(capsys, tmp_path):
+    # A folder was "no such image file"; images were read after the model.
+    missing_model = tmp_path / "none.keras"
+    result = run_explain(capsys, tmp_path, "--model", missing_model, "--output", tmp_path / "o")
+    assert_usage_error(result, "IMAGE must be an image file, not a folder", str(tmp_path))
+
+
+@pytest.mark.parametrize("ratio", ["1.5", "-0.1", "nan"])
+def test_explain_names_a_bad_discard_ratio(capsys, tmp_path, ratio):
+    missing_model = tmp_path / "none.keras"  # the flag is checked first
+    result = run_explain(
+        capsys, png(tmp_path / "x.png"), "--model", missing_model, "--output", tmp_path / "o",
+        "--discard-ratio", ratio,
+    )  # fmt: skip
+    assert_usage_error(result, "--discard-ratio must be a number in [0, 1)", ratio)
+
+
+def test_explain_refuses_a_model_that_is_not_a_vit(capsys, tmp_path):
+    # A model with a "head" but no transformer: an IndexError traceback before.
+    inputs = keras.Input((32, 32, 3))
+    outputs = keras.layers.Dense(3, name="head")(keras.layers.GlobalAveragePooling2D()(inputs))
+    keras.Model(inputs, outputs).save(tmp_path / "cnn.keras")
+    result = run_explain(
+        capsys, png(tmp_path / "x.png"), "--model", tmp_path / "cnn.keras",
+        "--output", tmp_path / "o",
+    )  # fmt: skip
+    assert_usage_error(result, "--model", "cnn.keras", "must be a ViT built by keras_vit")
+    assert not (tmp_path / "o").exists()

@@ -28,6 +28,8 @@ def load_image(path):
     """Read an image file as a (height, width, 3) uint8 array."""
     from PIL import Image, UnidentifiedImageError
 
+    if os.path.isdir(path):
+        raise UsageError(f"IMAGE must be an image file, not a folder. Received: {path}")
     if not os.path.isfile(path):
         raise UsageError(f"no such image file: {path}")
     try:
@@ -77,22 +79,36 @@ def run(args):
     from PIL import Image
 
     from keras_vit.commands._common import load_trained
-    from keras_vit.inspection import attention_maps, attention_rollout
+    from keras_vit.inspection import (
+        attention_maps,
+        attention_rollout,
+        patch_encoder,
+        transformer_blocks,
+    )
     from keras_vit.models import model_image_size
     from keras_vit.preprocessing import preprocess_inputs
     from keras_vit.visualize import attention_overlay, plot_attention
 
     if args.top_k < 1:
         raise UsageError(f"--top-k must be a positive integer. Received: {args.top_k}")
+    if not 0.0 <= args.discard_ratio < 1.0:  # NaN too
+        raise UsageError(
+            f"--discard-ratio must be a number in [0, 1). Received: {args.discard_ratio}"
+        )
     if os.path.exists(args.output) and not os.path.isdir(args.output):
         raise UsageError(
             f"--output must be a folder (for the overlay PNGs). Received: --output "
             f"{args.output!r}, an existing file"
         )
+    originals = [load_image(path) for path in args.images]  # every argument before the model
     model, class_names = load_trained(args.model)
+    try:
+        transformer_blocks(model)
+        patch_encoder(model)
+    except ValueError as error:
+        raise UsageError(f"--model {args.model!r}: {error}") from None
     # A model built with dynamic_image_size=True explains at the size it was built for.
     size, channels = model_image_size(model), model.input_shape[3]
-    originals = [load_image(path) for path in args.images]
     images = np.stack([resize(image, size) for image in originals])
     if channels == 1:  # a grayscale model: ITU-R 601 luma, as PIL's "L" mode
         luma = images.astype("float32") @ np.array([0.299, 0.587, 0.114], "float32")
