@@ -475,7 +475,8 @@ def mean_attention_distance(model, images, maps=None):
     patch size; for hybrids, the stem's stride). The class token is left out
     as query and as key, and each query's weights are renormalised over the
     patch keys (implementations that do not renormalise count the attention
-    to the class token as distance 0 and so report slightly less).
+    to the class token as distance 0 and so report slightly less). A query
+    with no weight on any patch is left out (NaN for a head of only such).
 
     Args:
         model: a ViT built by keras_vit.
@@ -530,8 +531,14 @@ def mean_attention_distance(model, images, maps=None):
     result = []
     for layer_maps in maps:
         patches = layer_maps[:, :, prefix:, prefix:]
-        patches = patches / patches.sum(axis=-1, keepdims=True)
-        result.append((patches * distance).sum(-1).mean(axis=(0, 2)))
+        # A query that gives the patches no weight at all (all on the class token) has
+        # no distance: it is left out of the mean (a head of only such queries: NaN).
+        mass = patches.sum(axis=-1)
+        attends = mass > 0
+        per_query = (patches * distance).sum(-1) / np.where(attends, mass, 1.0)
+        counts = attends.sum(axis=(0, 2))
+        total = np.where(attends, per_query, 0.0).sum(axis=(0, 2))
+        result.append(np.where(counts > 0, total / np.maximum(counts, 1), np.nan))
     return np.asarray(result, dtype="float32")
 
 

@@ -213,3 +213,16 @@ def test_explain_refuses_a_model_that_is_not_a_vit(capsys, tmp_path):
     )  # fmt: skip
     assert_usage_error(result, "--model", "cnn.keras", "must be a ViT built by keras_vit")
     assert not (tmp_path / "o").exists()
+
+
+def test_mean_attention_distance_leaves_out_queries_with_no_patch_weight(tiny):
+    # All on the class token but one query of head 0: patch (1, 0) looks at patch (0, 1).
+    # Before, 0 / 0 made both heads NaN (with a RuntimeWarning).
+    maps = np.zeros((1, 2, 17, 17))
+    maps[..., 0] = 1.0
+    maps[0, 0, 1 + 4] = 0.0
+    maps[0, 0, 1 + 4, 1 + 1] = 1.0
+    with np.errstate(all="raise"):
+        got = keras_vit.mean_attention_distance(tiny, None, maps=[maps])
+    np.testing.assert_allclose(got[0, 0], np.hypot(8.0, 8.0), rtol=1e-6)
+    assert np.isnan(got[0, 1])
