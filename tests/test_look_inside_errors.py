@@ -226,3 +226,29 @@ def test_mean_attention_distance_leaves_out_queries_with_no_patch_weight(tiny):
         got = keras_vit.mean_attention_distance(tiny, None, maps=[maps])
     np.testing.assert_allclose(got[0, 0], np.hypot(8.0, 8.0), rtol=1e-6)
     assert np.isnan(got[0, 1])
+
+
+def test_explain_reads_16_bit_grayscale_images_at_their_range(tmp_path):
+    from PIL import Image
+
+    from keras_vit.commands.explain import load_image
+
+    pixels = (np.arange(20 * 30).reshape(20, 30) * 100).astype(np.uint16)  # 0 .. 59900
+    Image.fromarray(pixels).save(tmp_path / "wide.png")
+    # PIL's convert("RGB") clipped them at 255: a white image before.
+    expected = np.round(pixels / 257.0).astype("uint8")
+    got = load_image(str(tmp_path / "wide.png"))
+    assert got.shape == (20, 30, 3) and got.dtype == np.uint8
+    np.testing.assert_array_equal(got, np.repeat(expected[..., None], 3, axis=-1))
+
+
+def test_explain_refuses_float_images_of_unknown_range(tmp_path):
+    from PIL import Image
+
+    from keras_vit.cli import UsageError
+    from keras_vit.commands.explain import load_image
+
+    Image.fromarray(np.full((8, 8), 0.5, np.float32), mode="F").save(tmp_path / "f.tiff")
+    # They read as an all-black image before.
+    with pytest.raises(UsageError, match="f.tiff.*mode 'F'"):
+        load_image(str(tmp_path / "f.tiff"))

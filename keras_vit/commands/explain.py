@@ -34,9 +34,24 @@ def load_image(path):
         raise UsageError(f"no such image file: {path}")
     try:
         with Image.open(path) as image:
+            if image.mode in ("I", "F") or image.mode.startswith("I;16"):
+                return _from_wide_grayscale(path, image.mode, np.asarray(image))
             return np.asarray(image.convert("RGB"), dtype="uint8")
     except (UnidentifiedImageError, OSError) as error:
         raise UsageError(f"cannot read the image {path}: {error}") from None
+
+
+def _from_wide_grayscale(path, mode, pixels):
+    """A 16-bit grayscale image as (height, width, 3) uint8: its 0..65535 range mapped to
+    0..255 (PIL's convert("RGB") clips them at 255 instead, a white image)."""
+    if mode == "F" or pixels.min() < 0 or pixels.max() > 65535:
+        raise UsageError(
+            f"cannot read the image {path}: its pixels are of PIL mode {mode!r} "
+            f"(values {pixels.min():g} .. {pixels.max():g}), not of a range explain can tell; "
+            "save it with 8 or 16 bits per channel"
+        )
+    gray = np.round(pixels.astype("float64") / 257.0).astype("uint8")
+    return np.repeat(gray[..., None], 3, axis=-1)
 
 
 def resize(image, size):
