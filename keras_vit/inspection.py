@@ -6,13 +6,14 @@ keras_vit, including one loaded from a `.keras` file, gap models and hybrids.
 """
 
 import math
+import numbers
 
 import keras
 import numpy as np
 from keras import ops
 
 from keras_vit.layers import PatchEncoder, TransformerBlock
-from keras_vit.layers._checks import boolean
+from keras_vit.layers._checks import boolean, positive_int
 from keras_vit.layers.patches import PatchGrid
 from keras_vit.models import _grid_stride, _takes_any_size
 
@@ -73,11 +74,12 @@ def _image_grid(model, image_shape):
     """
     expected = tuple(model.input_shape[1:])
     shape = tuple(image_shape)
+    one_image = " (one image? add a batch axis: images[None])" if len(shape) == 3 else ""
     if not _takes_any_size(model):
         if len(shape) != 4 or shape[1:] != expected:
             raise ValueError(
                 f"`images` must be a batch of shape (batch, {', '.join(map(str, expected))}), "
-                f"preprocessed to [-1, 1]. Received: images.shape={shape}"
+                f"preprocessed to [-1, 1]. Received: images.shape={shape}{one_image}"
             )
         return tuple(patch_encoder(model).grid_size)
     stride = _stride(model)
@@ -90,7 +92,7 @@ def _image_grid(model, image_shape):
             "`images` must be a batch of shape (batch, height, width, "
             f"{expected[2]}) whose height and width are positive multiples of {stride} "
             "(this model takes any such size), preprocessed to [-1, 1]. "
-            f"Received: images.shape={shape}"
+            f"Received: images.shape={shape}{one_image}"
         )
     return tuple(side // step for side, step in zip(shape[1:3], stride))
 
@@ -117,6 +119,12 @@ def check_scaled(name, images):
         return
     if values.size == 0 or not np.issubdtype(values.dtype, np.number):
         return
+    if not np.all(np.isfinite(values)):
+        raise ValueError(
+            f"`{name}` must hold finite values (images scaled to [-1, 1]). "
+            f"Received: {name} with {int(np.size(values) - np.isfinite(values).sum())} "
+            "NaN or infinite values"
+        )
     low, high = float(np.min(values)), float(np.max(values))
     if high > SCALED_BOUND or low < -SCALED_BOUND:
         raise ValueError(
@@ -126,8 +134,27 @@ def check_scaled(name, images):
 
 
 def _check_images(model, images):
-    images = np.asarray(images) if not hasattr(images, "shape") else images
+    original = images
+    if not hasattr(images, "shape") or not hasattr(images, "dtype"):
+        try:  # nested lists of numbers
+            images = np.asarray(images)
+        except (TypeError, ValueError):  # ragged
+            images = None
+    try:
+        dtype = keras.backend.standardize_dtype(images.dtype)
+    except (AttributeError, TypeError, ValueError):
+        dtype = None
+    if dtype is None or dtype == "bool" or not dtype.startswith(("float", "int", "uint")):
+        received = f"{type(original).__name__}" + (f" of dtype {dtype}" if dtype else "")
+        raise TypeError(
+            "`images` must be a (batch, height, width, channels) array of float images "
+            f"scaled to [-1, 1]. Received: images of type {received}"
+        )
     _image_grid(model, images.shape)
+    if images.shape[0] == 0:
+        raise ValueError(
+            f"`images` must hold at least one image. Received: images.shape={tuple(images.shape)}"
+        )
     check_scaled("images", images)
     return ops.convert_to_tensor(images, dtype="float32")
 
@@ -163,10 +190,7 @@ def attention_maps(model, images, batch_size=32):
     """
     blocks = transformer_blocks(model)
     images = _check_images(model, images)
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(
-            f"`batch_size` must be a positive integer. Received: batch_size={batch_size!r}"
-        )
+    batch_size = positive_int("batch_size", batch_size)
     block_inputs = keras.Model(_model_input(model), [block.input for block in blocks])
     per_batch = []
     for start in range(0, images.shape[0], batch_size):
@@ -179,6 +203,31 @@ def attention_maps(model, images, batch_size=32):
             ]
         )
     return [np.concatenate(layer, axis=0).astype("float32") for layer in zip(*per_batch)]
+
+
+# Rows of softmax weights sum to 1; this leaves room for bfloat16 maps.
+ROW_SUM_TOLERANCE = 1e-2
+
+
+def _check_weights(maps):
+    """ValueError unless every (…, tokens, tokens) array of `maps` holds attention
+    weights: finite, non-negative, each row summing to 1 (not logits, not scores)."""
+    expected = (
+        "`maps` must hold attention weights as keras_vit.attention_maps returns them "
+        "(softmax outputs: finite, non-negative, each row summing to 1)"
+    )
+    for index, layer_maps in enumerate(maps):
+        if not np.all(np.isfinite(layer_maps)):
+            raise ValueError(f"{expected}. Received: NaN or infinite values in maps[{index}]")
+        low = float(layer_maps.min())
+        if low < 0:
+            raise ValueError(f"{expected}. Received: maps[{index}] with values down to {low:g}")
+        sums = layer_maps.sum(axis=-1)
+        if np.any(np.abs(sums - 1.0) > ROW_SUM_TOLERANCE):
+            raise ValueError(
+                f"{expected}. Received: maps[{index}] with rows summing to "
+                f"{float(sums.min()):g} .. {float(sums.max()):g}"
+            )
 
 
 def _grid_and_prefix(num_tokens, grid_size):
@@ -195,7 +244,12 @@ def _grid_and_prefix(num_tokens, grid_size):
         grid_size = encoder.grid_size
     if grid_size is not None:
         try:
-            grid_h, grid_w = (int(g) for g in grid_size)
+            grid_h, grid_w = grid_size
+            if not all(
+                isinstance(g, numbers.Integral) and not isinstance(g, bool) for g in grid_size
+            ):
+                raise TypeError
+            grid_h, grid_w = int(grid_h), int(grid_w)
         except (TypeError, ValueError):
             raise ValueError(
                 "`grid_size` must be (height, width) of the patch grid or a keras_vit model. "
@@ -233,7 +287,9 @@ def attention_rollout(maps, discard_ratio=0.0, head_fusion="mean", grid_size=Non
 
     Args:
         maps: the list of per-layer (batch, heads, tokens, tokens) attention
-            weights that `attention_maps` returns (not the model).
+            weights that `attention_maps` returns (not the model). Weights
+            that are negative, not finite, or whose rows do not sum to 1
+            (logits, unnormalised scores) are refused with a ValueError.
         discard_ratio: fraction in [0, 1) of the weights of each map to drop.
         head_fusion: "mean", "max" or "min" over the heads.
         grid_size: (h, w) of the patch grid, or the keras_vit model the maps
@@ -293,6 +349,7 @@ def attention_rollout(maps, discard_ratio=0.0, head_fusion="mean", grid_size=Non
             "the same batch and tokens in every layer. "
             f"Received shapes: {[np.shape(m) for m in maps]}{one_layer}"
         )
+    _check_weights(maps)
     batch, _, num_tokens, _ = maps[0].shape
     (grid_h, grid_w), prefix = _grid_and_prefix(num_tokens, grid_size)
     identity = np.eye(num_tokens)
@@ -324,7 +381,10 @@ def _block_index(blocks, layer):
             raise ValueError(f"`layers`: no block named {layer!r}. The blocks are {names}")
         return names.index(layer)
     if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)):
-        raise TypeError(f"`layers` must hold block indices or names. Received: {layer!r}")
+        raise TypeError(
+            f"`layers` must hold block indices or names. Received: {layer!r} "
+            f"of type {type(layer).__name__}"
+        )
     if not -len(blocks) <= layer < len(blocks):
         raise ValueError(
             f"`layers`: block index {layer} is out of range for a model with {len(blocks)} blocks."
@@ -339,8 +399,8 @@ def feature_extractor(model, layers=None, patch_grid=False, name=None):
 
     Args:
         model: a ViT built by keras_vit.
-        layers: None for every block, or a list of block indices (negative
-            counts from the end) or block names such as
+        layers: None for every block, or a list (tuple, range, 1-D array)
+            of block indices (negative counts from the end) or block names such as
             "transformer_block_3". A single int or name gives one output.
         patch_grid: False for the (batch, tokens, D) token sequence; True (a
             bool: anything else is refused) for
@@ -365,6 +425,13 @@ def feature_extractor(model, layers=None, patch_grid=False, name=None):
     """
     blocks = transformer_blocks(model)
     patch_grid = boolean("patch_grid", patch_grid)
+    if (isinstance(layers, np.ndarray) and layers.ndim == 1) or isinstance(layers, range):
+        layers = list(layers)
+    elif isinstance(layers, (set, frozenset, dict)):
+        raise TypeError(
+            "`layers` must be a block index or name, or a list of them in the order "
+            f"wanted (a {type(layers).__name__} has no order). Received: layers={layers!r}"
+        )
     single = layers is not None and not isinstance(layers, (list, tuple))
     chosen = range(len(blocks)) if layers is None else [layers] if single else layers
     indices = [_block_index(blocks, layer) for layer in chosen]
@@ -408,14 +475,16 @@ def mean_attention_distance(model, images, maps=None):
     patch size; for hybrids, the stem's stride). The class token is left out
     as query and as key, and each query's weights are renormalised over the
     patch keys (implementations that do not renormalise count the attention
-    to the class token as distance 0 and so report slightly less).
+    to the class token as distance 0 and so report slightly less). A query
+    with no weight on any patch is left out (NaN for a head of only such).
 
     Args:
         model: a ViT built by keras_vit.
         images: (batch, height, width, channels) images in [-1, 1]; unused
             when `maps` is given, except to tell the grid of a model built
             with `dynamic_image_size=True`.
-        maps: the `attention_maps` of `model` for the images, to reuse.
+        maps: the `attention_maps` of `model` for the images, to reuse;
+            checked as `attention_rollout` checks them.
 
     Returns:
         A (layers, heads) float32 array.
@@ -425,6 +494,8 @@ def mean_attention_distance(model, images, maps=None):
         raise ValueError("`images` must be given when `maps` is not. Received: images=None")
     stride_h, stride_w = _stride(model)
     if not _takes_any_size(model):
+        if images is not None:  # unused with `maps`, but not to be of another model
+            _image_grid(model, np.shape(images))
         grid_h, grid_w = encoder.grid_size
     elif images is not None:
         grid_h, grid_w = _image_grid(model, np.shape(images))
@@ -451,15 +522,23 @@ def mean_attention_distance(model, images, maps=None):
             f"`maps` must be (batch, heads, {num_tokens}, {num_tokens}) arrays for this model. "
             f"Received shapes: {shapes}"
         )
+    maps = [np.asarray(layer_maps, "float64") for layer_maps in maps]
+    _check_weights(maps)
     # Pixel size of one patch step on the input image (hybrids: the stem's stride).
     rows, cols = np.meshgrid(np.arange(grid_h), np.arange(grid_w), indexing="ij")
     centres = np.stack([rows.ravel() * stride_h, cols.ravel() * stride_w], axis=-1)
     distance = np.linalg.norm(centres[:, None] - centres[None], axis=-1)
     result = []
     for layer_maps in maps:
-        patches = np.asarray(layer_maps, "float64")[:, :, prefix:, prefix:]
-        patches = patches / patches.sum(axis=-1, keepdims=True)
-        result.append((patches * distance).sum(-1).mean(axis=(0, 2)))
+        patches = layer_maps[:, :, prefix:, prefix:]
+        # A query that gives the patches no weight at all (all on the class token) has
+        # no distance: it is left out of the mean (a head of only such queries: NaN).
+        mass = patches.sum(axis=-1)
+        attends = mass > 0
+        per_query = (patches * distance).sum(-1) / np.where(attends, mass, 1.0)
+        counts = attends.sum(axis=(0, 2))
+        total = np.where(attends, per_query, 0.0).sum(axis=(0, 2))
+        result.append(np.where(counts > 0, total / np.maximum(counts, 1), np.nan))
     return np.asarray(result, dtype="float32")
 
 

@@ -28,13 +28,30 @@ def load_image(path):
     """Read an image file as a (height, width, 3) uint8 array."""
     from PIL import Image, UnidentifiedImageError
 
+    if os.path.isdir(path):
+        raise UsageError(f"IMAGE must be an image file, not a folder. Received: {path}")
     if not os.path.isfile(path):
         raise UsageError(f"no such image file: {path}")
     try:
         with Image.open(path) as image:
+            if image.mode in ("I", "F") or image.mode.startswith("I;16"):
+                return _from_wide_grayscale(path, image.mode, np.asarray(image))
             return np.asarray(image.convert("RGB"), dtype="uint8")
     except (UnidentifiedImageError, OSError) as error:
         raise UsageError(f"cannot read the image {path}: {error}") from None
+
+
+def _from_wide_grayscale(path, mode, pixels):
+    """A 16-bit grayscale image as (height, width, 3) uint8: its 0..65535 range mapped to
+    0..255 (PIL's convert("RGB") clips them at 255 instead, a white image)."""
+    if mode == "F" or pixels.min() < 0 or pixels.max() > 65535:
+        raise UsageError(
+            f"cannot read the image {path}: its pixels are of PIL mode {mode!r} "
+            f"(values {pixels.min():g} .. {pixels.max():g}), not of a range explain can tell; "
+            "save it with 8 or 16 bits per channel"
+        )
+    gray = np.round(pixels.astype("float64") / 257.0).astype("uint8")
+    return np.repeat(gray[..., None], 3, axis=-1)
 
 
 def resize(image, size):
@@ -77,22 +94,36 @@ def run(args):
     from PIL import Image
 
     from keras_vit.commands._common import load_trained
-    from keras_vit.inspection import attention_maps, attention_rollout
+    from keras_vit.inspection import (
+        attention_maps,
+        attention_rollout,
+        patch_encoder,
+        transformer_blocks,
+    )
     from keras_vit.models import model_image_size
     from keras_vit.preprocessing import preprocess_inputs
     from keras_vit.visualize import attention_overlay, plot_attention
 
     if args.top_k < 1:
         raise UsageError(f"--top-k must be a positive integer. Received: {args.top_k}")
+    if not 0.0 <= args.discard_ratio < 1.0:  # NaN too
+        raise UsageError(
+            f"--discard-ratio must be a number in [0, 1). Received: {args.discard_ratio}"
+        )
     if os.path.exists(args.output) and not os.path.isdir(args.output):
         raise UsageError(
             f"--output must be a folder (for the overlay PNGs). Received: --output "
             f"{args.output!r}, an existing file"
         )
+    originals = [load_image(path) for path in args.images]  # every argument before the model
     model, class_names = load_trained(args.model)
+    try:
+        transformer_blocks(model)
+        patch_encoder(model)
+    except ValueError as error:
+        raise UsageError(f"--model {args.model!r}: {error}") from None
     # A model built with dynamic_image_size=True explains at the size it was built for.
     size, channels = model_image_size(model), model.input_shape[3]
-    originals = [load_image(path) for path in args.images]
     images = np.stack([resize(image, size) for image in originals])
     if channels == 1:  # a grayscale model: ITU-R 601 luma, as PIL's "L" mode
         luma = images.astype("float32") @ np.array([0.299, 0.587, 0.114], "float32")
