@@ -94,4 +94,8 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # `python -m keras_vit.cli`: this file runs as __main__, a second copy whose
+    # UsageError is not the one the commands raise; run the package's own.
+    from keras_vit.cli import main as package_main
+
+    sys.exit(package_main())

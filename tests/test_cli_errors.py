@@ -405,3 +405,59 @@ def test_only_typeerrors_that_keras_vit_raises_are_usage_errors():
     with pytest.raises(TypeError) as bug:  # Python's, in keras_vit: a bug, not a usage error
         predict_files(tiny_vit(), None)
     assert not cli.is_user_error(bug.value)
+
+
+# predict reads images and scores classes as explain does --------------------------
+
+
+def with_random_head(model):
+    """`model` with a random head: the ViT head starts at zero, which scores every image alike."""
+    head = model.get_layer("head")
+    rng = np.random.default_rng(7)
+    head.set_weights([rng.normal(0, 1, w.shape).astype("float32") for w in head.get_weights()])
+    return model
+
+
+def test_predict_reads_16_bit_grayscale_images_at_their_range(tmp_path):
+    from PIL import Image
+
+    from keras_vit.commands.predict import predict_files
+
+    rng = np.random.default_rng(3)
+    wide = rng.integers(0, 65536, size=(8, 8)).astype(np.uint16)
+    Image.fromarray(wide).save(tmp_path / "wide.png")  # PIL mode I;16
+    narrow = np.round(wide / 257.0).astype(np.uint8)  # the same picture in 8 bits
+    Image.fromarray(np.repeat(narrow[..., None], 3, axis=-1)).save(tmp_path / "narrow.png")
+    model = with_random_head(tiny_vit())
+    ((_, wide_best),) = predict_files(model, [str(tmp_path / "wide.png")], top_k=3)
+    ((_, narrow_best),) = predict_files(model, [str(tmp_path / "narrow.png")], top_k=3)
+    assert [name for name, _ in wide_best] == [name for name, _ in narrow_best]
+    np.testing.assert_allclose(
+        [p for _, p in wide_best], [p for _, p in narrow_best], rtol=1e-6, atol=1e-7
+    )
+
+
+def test_predict_does_not_apply_softmax_twice(tmp_path):
+    from keras_vit.commands.predict import predict_files
+
+    model = with_random_head(tiny_vit(classifier_activation="softmax"))
+    image = png(tmp_path / "x.png")
+    ((_, best),) = predict_files(model, [image], top_k=3)
+    scaled = np.full((1, 8, 8, 3), 200 / 127.5 - 1.0, np.float32)
+    expected = np.asarray(model.predict(scaled, verbose=0))[0]
+    np.testing.assert_allclose(
+        sorted((p for _, p in best), reverse=True), np.sort(expected)[::-1], rtol=1e-5
+    )
+
+
+def test_python_m_keras_vit_cli_reports_usage_errors(tmp_path):
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-m", "keras_vit.cli", "predict", str(tmp_path / "missing.png"),
+         "--model", str(tmp_path / "nothing")],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr and "--model" in result.stderr

@@ -190,3 +190,80 @@ def validation_hint(spec, data):
     if spec.startswith("tfds:"):
         return "its validation (or test) split is empty"
     return "add images to the folder (keras_vit.data.load keeps one or more for validation)"
+
+
+# Images in and class scores out, for predict and explain -----------------------------
+
+
+def read_image(path):
+    """An image file as a (height, width, 3) uint8 array; usage errors name the file."""
+    import numpy as np
+    from PIL import Image, UnidentifiedImageError
+
+    if os.path.isdir(path):
+        raise UsageError(f"IMAGE must be an image file, not a folder. Received: {path}")
+    if not os.path.isfile(path):
+        raise UsageError(f"no such image file: {path}")
+    try:
+        with Image.open(path) as image:
+            if image.mode in ("I", "F") or image.mode.startswith("I;16"):
+                return _from_wide_grayscale(path, image.mode, np.asarray(image))
+            return np.asarray(image.convert("RGB"), dtype="uint8")
+    except (UnidentifiedImageError, OSError) as error:
+        raise UsageError(f"cannot read the image {path}: {error}") from None
+
+
+def _from_wide_grayscale(path, mode, pixels):
+    """A 16-bit grayscale image as (height, width, 3) uint8: its 0..65535 range mapped to
+    0..255 (PIL's convert("RGB") clips them at 255 instead, a white image)."""
+    import numpy as np
+
+    if mode == "F" or pixels.min() < 0 or pixels.max() > 65535:
+        raise UsageError(
+            f"cannot read the image {path}: its pixels are of PIL mode {mode!r} "
+            f"(values {pixels.min():g} .. {pixels.max():g}), not a range that can be told; "
+            "save it with 8 or 16 bits per channel"
+        )
+    gray = np.round(pixels.astype("float64") / 257.0).astype("uint8")
+    return np.repeat(gray[..., None], 3, axis=-1)
+
+
+def resize(image, size):
+    """Bilinear resize of a uint8 (height, width, 3) image to `size` = (h, w)."""
+    import numpy as np
+    from PIL import Image
+
+    return np.asarray(Image.fromarray(image).resize((size[1], size[0]), Image.BILINEAR))
+
+
+def model_images(images, size, channels):
+    """uint8 RGB images (read_image's) as a uint8 batch of the model's size and channels.
+
+    A grayscale model (1 channel) gets ITU-R 601 luma, as PIL's "L" mode.
+    """
+    import numpy as np
+
+    batch = np.stack([resize(image, size) for image in images])
+    if channels == 1:
+        luma = batch.astype("float32") @ np.array([0.299, 0.587, 0.114], "float32")
+        return luma.round().clip(0, 255).astype("uint8")[..., None]
+    if channels != 3:
+        raise UsageError(f"images are read as RGB; the model takes {channels} channels")
+    return batch
+
+
+def class_probabilities(model, images, batch_size=32):
+    """Class scores of scaled `images`: softmax of the logits, or the head's own
+    activation's output (softmax, sigmoid, ...) when it has one."""
+    import keras
+    import numpy as np
+
+    names = [layer.name for layer in model.layers]
+    if "head" not in names:
+        raise UsageError("the model has no classification head (num_classes=0)")
+    outputs = np.asarray(model.predict(images, batch_size=batch_size, verbose=0), dtype="float64")
+    activation = getattr(model.get_layer("head"), "activation", None)
+    if activation not in (None, keras.activations.linear):
+        return outputs
+    outputs = np.exp(outputs - outputs.max(axis=-1, keepdims=True))
+    return outputs / outputs.sum(axis=-1, keepdims=True)

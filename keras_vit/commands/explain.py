@@ -5,6 +5,12 @@ import os
 import numpy as np
 
 from keras_vit.cli import UsageError
+from keras_vit.commands._common import (
+    class_probabilities,
+    model_images,
+    resize,  # noqa: F401  (examples/attention_maps.py)
+)
+from keras_vit.commands._common import read_image as load_image  # noqa: F401  (examples/)
 
 HELP = "Write attention-rollout overlays of images and print their top-k classes."
 
@@ -22,59 +28,6 @@ def add_arguments(parser):
     parser.add_argument(
         "--head-fusion", choices=("mean", "max", "min"), default="mean", help="rollout head fusion"
     )
-
-
-def load_image(path):
-    """Read an image file as a (height, width, 3) uint8 array."""
-    from PIL import Image, UnidentifiedImageError
-
-    if os.path.isdir(path):
-        raise UsageError(f"IMAGE must be an image file, not a folder. Received: {path}")
-    if not os.path.isfile(path):
-        raise UsageError(f"no such image file: {path}")
-    try:
-        with Image.open(path) as image:
-            if image.mode in ("I", "F") or image.mode.startswith("I;16"):
-                return _from_wide_grayscale(path, image.mode, np.asarray(image))
-            return np.asarray(image.convert("RGB"), dtype="uint8")
-    except (UnidentifiedImageError, OSError) as error:
-        raise UsageError(f"cannot read the image {path}: {error}") from None
-
-
-def _from_wide_grayscale(path, mode, pixels):
-    """A 16-bit grayscale image as (height, width, 3) uint8: its 0..65535 range mapped to
-    0..255 (PIL's convert("RGB") clips them at 255 instead, a white image)."""
-    if mode == "F" or pixels.min() < 0 or pixels.max() > 65535:
-        raise UsageError(
-            f"cannot read the image {path}: its pixels are of PIL mode {mode!r} "
-            f"(values {pixels.min():g} .. {pixels.max():g}), not of a range explain can tell; "
-            "save it with 8 or 16 bits per channel"
-        )
-    gray = np.round(pixels.astype("float64") / 257.0).astype("uint8")
-    return np.repeat(gray[..., None], 3, axis=-1)
-
-
-def resize(image, size):
-    """Bilinear resize of a uint8 (height, width, 3) image to `size` = (h, w)."""
-    from PIL import Image
-
-    return np.asarray(Image.fromarray(image).resize((size[1], size[0]), Image.BILINEAR))
-
-
-def probabilities(model, images):
-    """Class scores of `images`: softmax of the logits, or the head's own
-    activation's output (softmax, sigmoid, ...) when it has one."""
-    import keras
-
-    names = [layer.name for layer in model.layers]
-    if "head" not in names:
-        raise UsageError("the model has no classification head (num_classes=0)")
-    outputs = np.asarray(model.predict(images, batch_size=32, verbose=0), dtype="float64")
-    activation = getattr(model.get_layer("head"), "activation", None)
-    if activation not in (None, keras.activations.linear):
-        return outputs
-    outputs = np.exp(outputs - outputs.max(axis=-1, keepdims=True))
-    return outputs / outputs.sum(axis=-1, keepdims=True)
 
 
 def output_stems(paths):
@@ -124,14 +77,9 @@ def run(args):
         raise UsageError(f"--model {args.model!r}: {error}") from None
     # A model built with dynamic_image_size=True explains at the size it was built for.
     size, channels = model_image_size(model), model.input_shape[3]
-    images = np.stack([resize(image, size) for image in originals])
-    if channels == 1:  # a grayscale model: ITU-R 601 luma, as PIL's "L" mode
-        luma = images.astype("float32") @ np.array([0.299, 0.587, 0.114], "float32")
-        images = luma.round().clip(0, 255).astype("uint8")[..., None]
-    elif channels != 3:
-        raise UsageError(f"explain reads RGB images; the model takes {channels} channels")
+    images = model_images(originals, size, channels)
     inputs = preprocess_inputs(images)
-    probs = probabilities(model, inputs)
+    probs = class_probabilities(model, inputs)
     rollout = attention_rollout(
         attention_maps(model, inputs),
         discard_ratio=args.discard_ratio,

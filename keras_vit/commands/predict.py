@@ -1,7 +1,5 @@
 """`keras-vit predict`: the top-k classes of images, with class names."""
 
-import os
-
 HELP = "Classify image files with a trained model; prints the top-k classes."
 
 
@@ -16,27 +14,16 @@ def add_arguments(parser):
 def predict_files(model, paths, class_names=None, top_k=5):
     """[(path, [(class name, probability), ...])] for image files."""
     import numpy as np
-    from PIL import Image
 
+    from keras_vit.commands._common import class_probabilities, model_images, read_image
     from keras_vit.models import model_image_size
+    from keras_vit.preprocessing import preprocess_inputs
 
     # A model built with dynamic_image_size=True gets the size it was built for.
-    (height, width), channels = model_image_size(model), model.inputs[0].shape[-1]
-    batch = []
-    for path in paths:
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"No such image file. Received: {path!r}")
-        try:
-            with Image.open(path) as image:
-                image = image.convert("RGB" if channels == 3 else "L")
-                image = image.resize((width, height), Image.BILINEAR)
-        except OSError as error:
-            raise ValueError(f"Cannot read the image {path}: {error}") from None
-        array = np.asarray(image, dtype="float32").reshape(height, width, channels)
-        batch.append(array / 127.5 - 1.0)
-    logits = np.asarray(model.predict(np.stack(batch), verbose=0), dtype="float64")
-    logits -= logits.max(axis=-1, keepdims=True)
-    probabilities = np.exp(logits) / np.exp(logits).sum(axis=-1, keepdims=True)
+    size, channels = model_image_size(model), model.inputs[0].shape[-1]
+    images = model_images([read_image(path) for path in paths], size, channels)
+    # Softmax of the logits, or the head's own activation's output when it has one.
+    probabilities = class_probabilities(model, preprocess_inputs(images))
     if class_names and len(class_names) != probabilities.shape[-1]:
         raise ValueError(
             f"`class_names` must list one name per class of the model ({probabilities.shape[-1]})."
