@@ -10,6 +10,7 @@ import threading
 import keras
 import numpy as np
 import pytest
+from test_weights import assert_unchanged, weights_snapshot
 
 import keras_vit
 from keras_vit import weights as weights_module
@@ -75,15 +76,6 @@ def save(tmp_path, params, name="ckpt.npz"):
     return path
 
 
-def snapshot(model):
-    return [keras.ops.convert_to_numpy(v).copy() for v in model.weights]
-
-
-def assert_unchanged(model, before):
-    for variable, value in zip(model.weights, before):
-        np.testing.assert_array_equal(keras.ops.convert_to_numpy(variable), value)
-
-
 def test_the_writer_fits_the_tiny_model(tmp_path):
     # The helper's checkpoint loads: the failures below come from the one change each makes.
     params = original_params()
@@ -111,7 +103,7 @@ def test_an_array_of_strings_is_refused_and_nothing_is_loaded(tmp_path):
     params = original_params()
     params["embedding/bias"] = np.array(["0.5"] * DIM)
     model = tiny_model()
-    before = snapshot(model)
+    before = weights_snapshot(model)
     with pytest.raises(ValueError, match="'embedding/bias'.*real numbers.*dtype <U3"):
         load_weights(model, save(tmp_path, params))
     assert_unchanged(model, before)
@@ -121,7 +113,7 @@ def test_nan_or_infinite_values_are_refused_and_nothing_is_loaded(tmp_path):
     params = original_params()
     params["Transformer/encoderblock_1/MlpBlock_3/Dense_1/bias"][:3] = [np.nan, np.inf, -np.inf]
     model = tiny_model()
-    before = snapshot(model)
+    before = weights_snapshot(model)
     with pytest.raises(ValueError, match=r"encoderblock_1/MlpBlock_3/Dense_1/bias.*3 NaN"):
         load_weights(model, save(tmp_path, params))
     assert_unchanged(model, before)
@@ -134,7 +126,7 @@ def test_a_missing_head_bias_is_listed_as_missing(tmp_path):
     params = original_params()
     del params["head/bias"]
     model = tiny_model()
-    before = snapshot(model)
+    before = weights_snapshot(model)
     with pytest.raises(ValueError, match="Missing checkpoint keys: head/bias.*unfilled: head/bias"):
         load_weights(model, save(tmp_path, params))
     assert_unchanged(model, before)
@@ -154,7 +146,7 @@ def test_a_head_of_another_class_count_is_reset_but_not_one_of_another_width(tmp
     params = original_params()
     params["head/kernel"] = params["head/kernel"][: DIM // 2]
     model = tiny_model()
-    before = snapshot(model)
+    before = weights_snapshot(model)
     with pytest.raises(ValueError, match=r"'head/kernel'.*\(16, 10\).*expects \(32, 10\)"):
         load_weights(model, save(tmp_path, params, "narrow.npz"))
     assert_unchanged(model, before)
