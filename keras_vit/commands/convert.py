@@ -1,6 +1,5 @@
 """`keras-vit convert`: a checkpoint (.npz, .safetensors or a preset) to a .keras file."""
 
-import difflib
 import json
 import os
 
@@ -90,7 +89,7 @@ def run(args):
     import keras_vit
     from keras_vit import cli
     from keras_vit.models import VARIANTS
-    from keras_vit.weights import PRESETS, infer_config, resolve
+    from keras_vit.weights import infer_config, resolve
 
     _check_destination(args.destination, args.overwrite)
     if args.model is not None and args.model not in VARIANTS:
@@ -115,21 +114,10 @@ def run(args):
     if args.approximate_gelu:
         overrides["approximate_gelu"] = True
 
-    if not os.path.isfile(args.source) and args.source not in PRESETS:
-        close = difflib.get_close_matches(args.source, list(PRESETS), n=5, cutoff=0.5)
-        raise UsageError(
-            "SRC must be a .npz or .safetensors file or a preset name (keras_vit.weights.PRESETS)"
-            + (f"; close matches: {', '.join(close)}" if close else "")
-            + f". Received: SRC {args.source!r} ("
-            + (
-                "a folder, not a checkpoint file"
-                if os.path.isdir(args.source)
-                else "no such file, and no preset of that name"
-            )
-            + ")"
-        )
     try:
-        path = resolve(args.source)
+        path = resolve(args.source, argument="SRC")
+    except ValueError as error:  # neither a file nor a preset (close matches listed)
+        raise UsageError(str(error)) from None
     except OSError as error:  # a preset whose download failed (named with its URL)
         raise UsageError(f"SRC {args.source!r}: {error}") from None
     try:

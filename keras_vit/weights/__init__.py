@@ -30,8 +30,11 @@ __all__ = [
 ]
 
 
-def resolve(weights):
+def resolve(weights, argument="weights"):
     """Return a local file for a preset name (downloading it once into the cache).
+
+    `weights` is a checkpoint file (returned as is) or a preset name;
+    `argument` is how errors name it (e.g. "SRC" on the command line).
 
     The file goes through `keras.utils.get_file` (with a progress bar) into
     `~/.keras/keras_vit/` (or `$KERAS_HOME/keras_vit/`; a temporary folder,
@@ -58,9 +61,11 @@ def resolve(weights):
             if isinstance(weights, (str, os.PathLike)) and os.path.isdir(weights)
             else "no such file, and no preset of that name"
         )
+        shown = f"`{argument}`" if argument.isidentifier() and argument.islower() else argument
         raise ValueError(
-            "`weights` must be None, an existing checkpoint file or a known preset name "
-            f"(see keras_vit.weights.PRESETS).{hint} Received: weights={weights!r} ({what})"
+            f"{shown} must be an existing checkpoint file (.npz or .safetensors) or a known "
+            f"preset name (see keras_vit.weights.PRESETS).{hint} Received: "
+            f"{argument}={weights!r} ({what})"
         )
     preset = PRESETS[weights]
     url = preset["url"]
