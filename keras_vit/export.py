@@ -18,7 +18,8 @@ What `logits` means: a head without an activation (the default,
 `classifier_activation=None`) gives logits and `probabilities` is their
 softmax. A head with an activation (e.g. "softmax" or "sigmoid") gives its
 pre-activation as `logits` (recomputed from the head's kernel and bias) and the
-model's own output as `probabilities`.
+model's own output as `probabilities`; so does a model ending in a Softmax
+or Activation layer (that layer's input is `logits`).
 
 Needs TensorFlow (imported when a function here is called), whatever the
 Keras backend the package was imported with.
@@ -32,6 +33,7 @@ import tempfile
 import uuid
 
 import keras
+import numpy as np
 
 from keras_vit.layers._checks import boolean, path_like
 from keras_vit.layers.attention import batched_core_only
@@ -75,6 +77,17 @@ def _check_model(model):
     if not isinstance(model, keras.Model):
         raise TypeError(
             f"`model` must be a keras.Model. Received: model of type {type(model).__name__}"
+        )
+    try:
+        inputs, outputs = model.inputs, model.outputs
+    except (AttributeError, ValueError):  # a subclassed model, or a Sequential not built
+        inputs = outputs = None
+    if inputs is None or outputs is None:
+        raise ValueError(
+            "`model` must be a functional keras.Model (keras.Model(inputs, outputs), a keras_vit "
+            "model, or a Sequential that starts with keras.Input) so that its input is known; "
+            "a subclassed or not yet built model has none. "
+            f"Received: model {model.name!r} of type {type(model).__name__}"
         )
     if len(model.inputs) != 1:
         raise ValueError(
@@ -120,7 +133,7 @@ def _output_layer(model):
     return getattr(history, "operation", None)
 
 
-def _has_head(model):
+def has_head(model):
     """Whether the output is class scores rather than features (num_classes=0)."""
     layer = _output_layer(model)
     return getattr(layer, "name", None) not in FEATURE_LAYERS
@@ -129,14 +142,17 @@ def _has_head(model):
 def _check_class_names(class_names, num_outputs, has_head):
     if class_names is None:
         return None
-    if isinstance(class_names, (str, bytes)) or not all(
+    # A list, a tuple or a 1-D array: an ordered sequence (a set or a dict has no
+    # order to map class indices to, a generator would be used up by the checks).
+    is_array = isinstance(class_names, np.ndarray) and class_names.ndim == 1
+    if not (is_array or isinstance(class_names, (list, tuple))) or not all(
         isinstance(name, str) for name in class_names
     ):
         raise TypeError(
-            "`class_names` must be a list of strings, one per class. "
-            f"Received: class_names={class_names!r}"
+            "`class_names` must be a list of strings, one per class in index order. "
+            f"Received: class_names={class_names!r} of type {type(class_names).__name__}"
         )
-    class_names = list(class_names)
+    class_names = [str(name) for name in class_names]
     if not has_head:
         raise ValueError(
             "`class_names` needs a model with a classification head; this model has "
@@ -146,6 +162,12 @@ def _check_class_names(class_names, num_outputs, has_head):
         raise ValueError(
             f"`class_names` must have one name per class ({num_outputs}). "
             f"Received: {len(class_names)} class names"
+        )
+    repeated = sorted({name for name in class_names if class_names.count(name) > 1})
+    if repeated:
+        raise ValueError(
+            "`class_names` must name each class once (top_k_class_names would not tell them "
+            f"apart). Received: class_names with {repeated!r} more than once"
         )
     return class_names
 
@@ -165,13 +187,15 @@ def _is_remote(path):
     return "://" in path
 
 
-def _check_target(path, overwrite, directory):
+def check_target(path, overwrite, directory, argument="path"):
     """Raise unless the SavedModel `directory` or the file at `path` may be written.
 
     A new path and an empty directory (or an empty file) may; an existing
     non-empty one only with `overwrite=True`. A file where a directory is to
-    be written, or the reverse, never.
+    be written, or the reverse, never; nor a path under a file. `argument`
+    names `path` in the messages (e.g. "--output" on the command line).
     """
+    path = _check_path(path, argument)
     overwrite = boolean("overwrite", overwrite)
     if _is_remote(path):
         gfile = _tf().io.gfile
@@ -181,61 +205,119 @@ def _check_target(path, overwrite, directory):
     else:
         exists, isdir = os.path.exists(path), os.path.isdir(path)
         empty = exists and (not os.listdir(path) if isdir else os.path.getsize(path) == 0)
+        if not exists:
+            _check_parent(path, argument)
     if not exists:
         return
     if directory and not isdir:
         raise ValueError(
-            f"`path` must be a directory to write the SavedModel in (new or empty); {path!r} "
-            f"is a file. Received: path={path!r}"
+            f"`{argument}` must be a directory to write the SavedModel in (new or empty); "
+            f"{path!r} is a file. Received: {argument}={path!r}"
         )
     if not directory and isdir:
         raise ValueError(
-            f"`path` must be the .tflite file to write; {path!r} is a directory. "
-            f"Received: path={path!r}"
+            f"`{argument}` must be the .tflite file to write; {path!r} is a directory. "
+            f"Received: {argument}={path!r}"
         )
     if not empty and not overwrite:
         what = "a directory that is not empty" if isdir else "a file"
         replaced = "the SavedModel in it (its other files stay)" if isdir else "it"
         raise FileExistsError(
-            f"`path` {path!r} already exists: {what}. Pass overwrite=True to replace {replaced}, "
-            f"or choose another path. Received: path={path!r}, overwrite=False"
+            f"`{argument}` {path!r} already exists: {what}. Pass overwrite=True to replace "
+            f"{replaced}, or choose another path. Received: {argument}={path!r}, overwrite=False"
         )
 
 
-def _sibling(path):
+def _check_parent(path, argument):
+    """Raise unless the nearest existing folder above the new `path` is a folder."""
+    above = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(above):
+        above = os.path.dirname(above)
+    if not os.path.isdir(above):
+        raise ValueError(
+            f"`{argument}` {path!r} cannot be written: {above!r} is a file, not a folder. "
+            f"Received: {argument}={path!r}"
+        )
+
+
+def _sibling(path, tag="partial"):
     """A new hidden name beside `path`, on the same file system (for an atomic rename)."""
     path = os.path.normpath(os.path.abspath(path))
     parent, name = os.path.split(path)
     os.makedirs(parent, exist_ok=True)
-    return os.path.join(parent, f".{name}.partial-{uuid.uuid4().hex[:12]}")
+    return os.path.join(parent, f".{name}.{tag}-{uuid.uuid4().hex[:12]}")
+
+
+def _hidden_inside(path, tag):
+    """A new hidden name inside the directory `path`."""
+    return os.path.join(path, f".{tag}-{uuid.uuid4().hex[:12]}")
+
+
+def _proto_last(names):
+    """`names` with saved_model.pb (what makes a folder look like a SavedModel) last."""
+    return sorted(names, key=lambda name: (name.startswith("saved_model.pb"), name))
+
+
+def _remove(path):
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        os.remove(path)
 
 
 def _write_saved_model(archive, path):
-    """Writes the SavedModel beside `path`, then moves it in: a failed export
-    leaves `path` as it was."""
+    """Writes the SavedModel aside, then moves it in: a failed export leaves
+    `path` as it was, and a killed one never leaves a saved_model.pb beside
+    another export's variables."""
     if _is_remote(path):
         archive.write_out(path, verbose=False)
         return
-    staging = _sibling(path)
+    exists = os.path.lexists(path)
+    # Inside an existing directory, on its file system (it may be a mount point).
+    staging = _hidden_inside(path, "partial") if exists else _sibling(path)
     os.mkdir(staging)  # the default permissions, unlike tempfile.mkdtemp's 0700
     try:
         archive.write_out(staging, verbose=False)
-        if not os.path.lexists(path):
-            os.rename(staging, path)
-            return
-        # An empty directory, or overwrite=True: the SavedModel's entries are
-        # replaced, other files stay.
-        written = os.listdir(staging)
-        for name in set(SAVED_MODEL_ENTRIES) | set(written):
-            old = os.path.join(path, name)
-            if os.path.isdir(old) and not os.path.islink(old):
-                shutil.rmtree(old)
-            elif os.path.lexists(old):
-                os.remove(old)
-        for name in written:
-            os.rename(os.path.join(staging, name), os.path.join(path, name))
+        if exists:
+            _move_in(staging, path)
+        else:
+            os.rename(staging, path)  # one step: the SavedModel is there whole, or not at all
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _move_in(staging, path):
+    """Replaces the SavedModel entries of the directory `path` by those of `staging`.
+
+    The old entries are moved aside first (saved_model.pb first) and the new
+    ones in after (saved_model.pb last), so that `path` holds a saved_model.pb
+    only beside the variables of its own export. Other files stay. An error
+    puts the old entries back.
+    """
+    written = _proto_last(os.listdir(staging))
+    old = [
+        name
+        for name in reversed(_proto_last(set(SAVED_MODEL_ENTRIES) | set(written)))
+        if os.path.lexists(os.path.join(path, name))
+    ]
+    backup = _hidden_inside(path, "previous")
+    os.mkdir(backup)
+    moved_out, moved_in = [], []
+    try:
+        for name in old:
+            os.rename(os.path.join(path, name), os.path.join(backup, name))
+            moved_out.append(name)
+        for name in written:
+            os.rename(os.path.join(staging, name), os.path.join(path, name))
+            moved_in.append(name)
+    except BaseException:
+        for name in reversed(moved_in):
+            _remove(os.path.join(path, name))
+        for name in reversed(moved_out):
+            os.rename(os.path.join(backup, name), os.path.join(path, name))
+        os.rmdir(backup)  # left with the old entries in it if putting them back failed
+        raise
+    shutil.rmtree(backup, ignore_errors=True)
 
 
 def _write_file(path, data):
@@ -258,27 +340,40 @@ def _write_file(path, data):
 # The serving computation ----------------------------------------------------
 
 
+def _activated(activation):
+    """Whether a layer's `activation` changes its input (not None, not linear)."""
+    return activation is not None and activation is not keras.activations.linear
+
+
 class _Outputs:
     """Turns a batch of model inputs into the dict the signatures return."""
 
     def __init__(self, model, top_k, class_names=None):
         self.model = model
-        self.has_head = _has_head(model)
+        self.has_head = has_head(model)
         self.num_outputs = int(model.outputs[0].shape[-1])
         self.top_k = min(top_k, self.num_outputs)
         self.class_names = _check_class_names(class_names, self.num_outputs, self.has_head)
-        self.head = None
+        # How the logits are had when the output is already activated: "dense",
+        # a head Dense with an activation (recomputed from its input, kernel and
+        # bias); "layer", a final Softmax or Activation layer (its input).
+        self.head, self.activated = None, None
         head = _output_layer(model)
         if self.has_head and isinstance(head, keras.layers.Dense):
-            activation = getattr(head, "activation", None)
-            if activation is not None and activation is not keras.activations.linear:
-                # One pass giving both the head's input and the model's output.
-                self.head = head
-                self.model = keras.Model(model.inputs[0], [head.input, model.outputs[0]])
+            if _activated(getattr(head, "activation", None)):
+                self.head, self.activated = head, "dense"
+        elif self.has_head and isinstance(head, keras.layers.Softmax):
+            self.activated = "layer"
+        elif self.has_head and isinstance(head, keras.layers.Activation):
+            if _activated(head.activation):
+                self.activated = "layer"
+        if self.activated is not None:
+            # One pass giving both the last layer's input and the model's output.
+            self.model = keras.Model(model.inputs[0], [head.input, model.outputs[0]])
 
     def __call__(self, images):
         tf = _tf()
-        if self.head is None:
+        if self.activated is None:
             outputs = tf.cast(self.model(images, training=False), tf.float32)
             if not self.has_head:
                 return {"features": outputs}
@@ -287,10 +382,12 @@ class _Outputs:
         else:
             features, outputs = self.model(images, training=False)
             probabilities = tf.cast(outputs, tf.float32)
-            # The head's pre-activation, in float32.
-            logits = tf.matmul(tf.cast(features, tf.float32), tf.cast(self.head.kernel, tf.float32))
-            if self.head.bias is not None:
-                logits = logits + tf.cast(self.head.bias, tf.float32)
+            logits = tf.cast(features, tf.float32)
+            if self.activated == "dense":
+                # The head's pre-activation, in float32.
+                logits = tf.matmul(logits, tf.cast(self.head.kernel, tf.float32))
+                if self.head.bias is not None:
+                    logits = logits + tf.cast(self.head.bias, tf.float32)
         top_k_probabilities, top_k_indices = tf.math.top_k(probabilities, k=self.top_k)
         result = {
             "logits": logits,
@@ -452,8 +549,9 @@ def export_saved_model(model, path, preprocessing=True, class_names=None, top_k=
         path: the SavedModel directory to write.
         preprocessing: whether `serving_default` takes uint8 images of any
             size (True) or float images ready for the model (False).
-        class_names: optional list of strings, one per class; adds
-            `top_k_class_names` to the outputs.
+        class_names: optional list (or tuple, or 1-D array) of strings, one
+            per class in index order, each once; adds `top_k_class_names` to
+            the outputs.
         top_k: how many of the best classes to return (at most the number of
             classes).
         overwrite: whether to replace the SavedModel of an existing directory
@@ -461,8 +559,8 @@ def export_saved_model(model, path, preprocessing=True, class_names=None, top_k=
             fingerprint.pb; other files in it stay). False (the default)
             raises a FileExistsError for such a directory; a new path or an
             empty directory is written either way. The SavedModel is written
-            beside `path` first and moved in when complete, so a failed export
-            leaves `path` as it was.
+            aside first and moved in when complete (saved_model.pb last), so
+            a failed export leaves `path` as it was.
 
     Returns:
         `path`.
@@ -470,6 +568,8 @@ def export_saved_model(model, path, preprocessing=True, class_names=None, top_k=
     Raises:
         FileExistsError: when `path` is a directory that is not empty and
             `overwrite` is False.
+        ValueError: when `path` is a file or lies under one, or `model`,
+            `class_names` or `top_k` is not as described above.
 
     Example:
     >>> import os, tempfile
@@ -482,7 +582,7 @@ def export_saved_model(model, path, preprocessing=True, class_names=None, top_k=
     path = _check_path(path)
     preprocessing = boolean("preprocessing", preprocessing)
     top_k = _check_top_k(top_k)
-    _check_target(path, overwrite, directory=True)
+    check_target(path, overwrite, directory=True)
     archive = _saved_model_archive(model, preprocessing, class_names, top_k)
     _write_saved_model(archive, path)
     return path
@@ -521,7 +621,7 @@ def export_tflite(model, path, quantization=None, overwrite=False):
         raise ValueError(
             f"`quantization` must be one of {QUANTIZATIONS}. Received: quantization={quantization!r}"
         )
-    _check_target(path, overwrite, directory=False)
+    check_target(path, overwrite, directory=False)
     height, width, channels = _check_model(model)
     model = _float32_copy(model)
     outputs = _Outputs(model, top_k=1)
@@ -631,7 +731,7 @@ def check_class_names(class_names, model, source):
     `source` names where the names came from in the message. A model without
     a head (`num_classes=0`) takes any list.
     """
-    if class_names is None or not _has_head(model):
+    if class_names is None or not has_head(model):
         return
     classes = model.outputs[0].shape[-1]
     if classes is not None and len(class_names) != classes:

@@ -1,0 +1,215 @@
+"""Export as a user gets it wrong: class names that cannot be mapped to
+classes, models without a known input or ending in their own softmax, paths
+under a file and an overwrite that fails half-way.
+
+Expected values come from the Keras model itself (the contract of a
+SavedModel is to reproduce it) or are written out here.
+"""
+
+import os
+import warnings
+
+import keras
+import numpy as np
+import pytest
+
+import keras_vit
+from keras_vit import export_saved_model, export_tflite
+
+pytestmark = pytest.mark.tensorflow_only
+
+tf = pytest.importorskip("tensorflow")
+
+# Smaller than conftest's TINY: these tests are about the errors, not the model.
+TINY = dict(
+    image_size=32, patch_size=8, num_layers=1, num_heads=2, hidden_dim=16, mlp_dim=32, num_classes=5
+)
+NAMES = ["cat", "dog", "fish", "bird", "frog"]
+
+
+def tiny_model(**kwargs):
+    """The tiny ViT with a random head (it is zero-initialised)."""
+    model = keras_vit.VisionTransformer(**{**TINY, **kwargs})
+    if kwargs.get("num_classes", TINY["num_classes"]):
+        rng = np.random.default_rng(0)
+        for weight in model.get_layer("head").weights:
+            weight.assign(rng.normal(0, 0.5, size=weight.shape).astype("float32"))
+    return model
+
+
+def float_images(count=2, size=32, seed=1):
+    rng = np.random.default_rng(seed)
+    return rng.uniform(-1, 1, size=(count, size, size, 3)).astype("float32")
+
+
+def serve_float(path, images):
+    outputs = tf.saved_model.load(path).signatures["serving_float"](images=tf.constant(images))
+    return {name: value.numpy() for name, value in outputs.items()}
+
+
+# Class names ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "class_names",
+    [set(NAMES), dict.fromkeys(NAMES, 0), (name for name in NAMES), 5],
+    ids=["set", "dict", "generator", "int"],
+)
+def test_class_names_without_an_order_are_refused(class_names, tmp_path):
+    # A set or a dict has no index order (a set's changes from run to run), and a
+    # generator was used up by the check; an int is not names at all.
+    kind = type(class_names).__name__
+    with pytest.raises(
+        TypeError, match=rf"`class_names` must be a list of strings.*of type {kind}"
+    ):
+        export_saved_model(tiny_model(), str(tmp_path / "sm"), class_names=class_names)
+    assert not os.path.exists(tmp_path / "sm")
+
+
+def test_repeated_class_names_are_refused(tmp_path):
+    names = ["cat", "dog", "cat", "bird", "dog"]
+    with pytest.raises(ValueError, match=r"name each class once.*\['cat', 'dog'\] more than once"):
+        export_saved_model(tiny_model(), str(tmp_path / "sm"), class_names=names)
+    assert not os.path.exists(tmp_path / "sm")
+
+
+@pytest.mark.parametrize(
+    "class_names", [tuple(NAMES), np.array(NAMES)], ids=["tuple", "numpy_array"]
+)
+def test_ordered_class_names_other_than_a_list_are_taken(class_names, tmp_path):
+    model = tiny_model()
+    images = float_images()
+    path = export_saved_model(model, str(tmp_path / "sm"), class_names=class_names, top_k=2)
+    outputs = serve_float(path, images)
+    best = np.argsort(-keras.ops.convert_to_numpy(model(images)), axis=-1)[:, :2]
+    np.testing.assert_array_equal(outputs["top_k_class_names"].astype(str), np.array(NAMES)[best])
+
+
+# Models -----------------------------------------------------------------------
+
+
+def test_a_model_without_a_known_input_gets_a_clear_error(tmp_path):
+    class Subclassed(keras.Model):
+        def call(self, images):
+            return images
+
+    unbuilt = keras.Sequential([keras.layers.Flatten(), keras.layers.Dense(3)])
+    for model, kind in ((unbuilt, "Sequential"), (Subclassed(), "Subclassed")):
+        message = rf"`model` must be a functional.*type {kind}"
+        with pytest.raises(ValueError, match=message):
+            export_saved_model(model, str(tmp_path / "sm"))
+        with pytest.raises(ValueError, match=message):
+            export_tflite(model, str(tmp_path / "m.tflite"))
+    assert os.listdir(tmp_path) == []
+
+
+def _dense_then(layer):
+    """A plain functional model: Flatten, Dense (the logits), then `layer`."""
+    inputs = keras.Input((8, 8, 3))
+    logits = keras.layers.Dense(4, name="logits")(keras.layers.Flatten()(inputs))
+    return keras.Model(inputs, layer(logits)), keras.Model(inputs, logits)
+
+
+@pytest.mark.parametrize(
+    "layer",
+    [lambda: keras.layers.Softmax(), lambda: keras.layers.Activation("softmax")],
+    ids=["Softmax", "Activation"],
+)
+def test_a_final_softmax_layer_is_not_softmaxed_again(layer, tmp_path):
+    model, logits_model = _dense_then(layer())
+    images = float_images(size=8)
+    probabilities = keras.ops.convert_to_numpy(model(images))
+    logits = keras.ops.convert_to_numpy(logits_model(images))
+    outputs = serve_float(export_saved_model(model, str(tmp_path / "sm")), images)
+    np.testing.assert_allclose(outputs["probabilities"], probabilities, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(outputs["logits"], logits, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(outputs["probabilities"].sum(axis=-1), 1.0, rtol=1e-5)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # tf.lite.Interpreter's deprecation notice
+        interpreter = tf.lite.Interpreter(
+            model_path=export_tflite(model, str(tmp_path / "m.tflite"))
+        )
+    interpreter.resize_tensor_input(0, images.shape)
+    interpreter.allocate_tensors()
+    lite = interpreter.get_signature_runner("serving_default")(images=images)
+    np.testing.assert_allclose(lite["probabilities"], probabilities, atol=1e-5)
+
+
+# Paths -------------------------------------------------------------------------
+
+
+def test_a_path_under_a_file_is_refused_before_exporting(tmp_path):
+    (tmp_path / "notes.txt").write_text("keep me")
+    model = tiny_model()
+    message = r"'.*notes.txt/vit[^']*' cannot be written: '.*notes.txt' is a file, not a folder"
+    with pytest.raises(ValueError, match="`path` " + message):
+        export_saved_model(model, str(tmp_path / "notes.txt" / "vit"))
+    with pytest.raises(ValueError, match="`path` " + message):
+        export_tflite(model, str(tmp_path / "notes.txt" / "vit" / "m.tflite"))
+    assert (tmp_path / "notes.txt").read_text() == "keep me"
+
+
+class _Failure(Exception):
+    """Stands for an export stopped while the new SavedModel was moved in."""
+
+
+def test_a_failed_overwrite_keeps_the_previous_export(tmp_path, monkeypatch):
+    folder = tmp_path / "served"
+    folder.mkdir()
+    (folder / "README.txt").write_text("keep me")
+    images = float_images()
+    old, new = tiny_model(), tiny_model(num_layers=2)
+    expected = keras.ops.convert_to_numpy(old(images))
+    export_saved_model(old, str(folder), overwrite=True)
+
+    rename, failed = os.rename, []
+
+    def failing_rename(source, target):
+        # Once: the first move of a variables folder into `folder`, which the
+        # old SavedModel's variables have been moved out of.
+        into_folder = os.path.dirname(target) == str(folder)
+        if os.path.basename(source) == "variables" and into_folder and not failed:
+            failed.append(source)
+            raise _Failure("stopped while moving the new variables in")
+        rename(source, target)
+
+    monkeypatch.setattr(os, "rename", failing_rename)
+    with pytest.raises(_Failure):
+        export_saved_model(new, str(folder), overwrite=True)
+    monkeypatch.undo()
+
+    np.testing.assert_allclose(serve_float(str(folder), images)["logits"], expected, atol=1e-5)
+    assert (folder / "README.txt").read_text() == "keep me"
+    leftovers = [name for name in os.listdir(folder) if name.startswith(".")]
+    assert leftovers == []
+    assert [name for name in os.listdir(tmp_path) if name.startswith(".")] == []
+
+
+def test_an_overwrite_never_pairs_a_graph_with_other_variables(tmp_path, monkeypatch):
+    # A process killed between two steps leaves the folder as that step left it:
+    # after each step, a saved_model.pb must sit beside the variables of its own
+    # export (or be absent, so the folder does not look like a SavedModel).
+    folder = tmp_path / "served"
+    export_saved_model(tiny_model(), str(folder))
+    old = {name: os.stat(folder / name).st_ino for name in ("saved_model.pb", "variables")}
+    rename = os.rename
+    states = []
+
+    def recording_rename(source, target):
+        rename(source, target)
+        names = os.listdir(folder)
+        if "saved_model.pb" in names:
+            same = [os.stat(folder / name).st_ino == old[name] for name in old if name in names]
+            states.append((len(same), len(set(same))))
+
+    new = tiny_model(num_layers=2)
+    monkeypatch.setattr(os, "rename", recording_rename)
+    export_saved_model(new, str(folder), overwrite=True)
+    monkeypatch.undo()
+    assert states, "the overwrite moved nothing into the folder"
+    # Both entries there, and both of one export.
+    assert all(state == (2, 1) for state in states), states
+    images = float_images()
+    expected = keras.ops.convert_to_numpy(new(images))
+    np.testing.assert_allclose(serve_float(str(folder), images)["logits"], expected, atol=1e-5)
