@@ -1,11 +1,13 @@
 """Export as a user gets it wrong: class names that cannot be mapped to
 classes, models without a known input or ending in their own softmax, paths
-under a file and an overwrite that fails half-way.
+under a file, an overwrite that fails half-way, and the `keras-vit export`
+command's checks of --output and --class-names.
 
 Expected values come from the Keras model itself (the contract of a
 SavedModel is to reproduce it) or are written out here.
 """
 
+import json
 import os
 import warnings
 
@@ -15,6 +17,7 @@ import pytest
 
 import keras_vit
 from keras_vit import export_saved_model, export_tflite
+from keras_vit.cli import main as cli_main
 
 pytestmark = pytest.mark.tensorflow_only
 
@@ -213,3 +216,65 @@ def test_an_overwrite_never_pairs_a_graph_with_other_variables(tmp_path, monkeyp
     images = float_images()
     expected = keras.ops.convert_to_numpy(new(images))
     np.testing.assert_allclose(serve_float(str(folder), images)["logits"], expected, atol=1e-5)
+
+
+# The command line ---------------------------------------------------------------
+
+
+def cli_error(capsys):
+    """The error line `keras-vit export` printed to stderr (after its usage)."""
+    lines = capsys.readouterr().err.splitlines()
+    errors = [line for line in lines if line.startswith("keras-vit export: error: ")]
+    assert len(errors) == 1, lines
+    return errors[0]
+
+
+def test_cli_output_checks_match_the_api(tmp_path, capsys):
+    model = tiny_model()
+    model.save(tmp_path / "model.keras")
+    base = ["export", "--model", str(tmp_path / "model.keras")]
+    # An empty folder is written without --overwrite, as by export_saved_model.
+    (tmp_path / "empty").mkdir()
+    assert cli_main(base + ["--output", str(tmp_path / "empty")]) == 0
+    images = float_images()
+    expected = keras.ops.convert_to_numpy(model(images))
+    logits = serve_float(str(tmp_path / "empty"), images)["logits"]
+    np.testing.assert_allclose(logits, expected, atol=1e-5)
+    capsys.readouterr()
+    # A folder for a .tflite file: --overwrite would not help, so it is not suggested.
+    command = base + ["--format", "tflite", "--output", str(tmp_path / "empty")]
+    assert cli_main(command) == 2
+    error = cli_error(capsys)
+    assert "must be the .tflite file to write" in error and "--overwrite" not in error
+    # A non-empty folder: --overwrite named, and what it replaces.
+    assert cli_main(base + ["--output", str(tmp_path / "empty")]) == 2
+    error = cli_error(capsys)
+    assert "already exists: a folder that is not empty. Pass --overwrite" in error
+    # A path under a file, for either format: refused before the model is read.
+    (tmp_path / "notes.txt").write_text("keep me")
+    for output_format in ("saved_model", "tflite"):
+        command = base + ["--format", output_format, "--output", str(tmp_path / "notes.txt" / "m")]
+        assert cli_main(command) == 2
+        error = cli_error(capsys)
+        assert "error: `--output` '" in error and "notes.txt' is a file, not a folder" in error
+
+
+def test_cli_class_names_and_a_model_without_a_head(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    features = tiny_model(num_classes=0)
+    features.save(run / "model.keras")
+    (run / "classes.json").write_text(json.dumps(NAMES))
+    # A classes.json beside a features model has no classes to name: not used.
+    assert cli_main(["export", "--model", str(run), "--output", str(tmp_path / "sm")]) == 0
+    images = float_images()
+    outputs = serve_float(str(tmp_path / "sm"), images)
+    assert sorted(outputs) == ["features"]
+    expected = keras.ops.convert_to_numpy(features(images))
+    np.testing.assert_allclose(outputs["features"], expected, atol=1e-5)
+    capsys.readouterr()
+    # Named on the command line, they are refused, the flag named.
+    command = ["export", "--model", str(run), "--output", str(tmp_path / "other")]
+    assert cli_main(command + ["--class-names", str(run / "classes.json")]) == 2
+    assert "--class-names needs a model with a classification head" in cli_error(capsys)
+    assert not os.path.exists(tmp_path / "other")

@@ -74,12 +74,33 @@ def run(args):
             f"--format {other} only. Received: --format {args.format} {' '.join(misplaced)}"
         )
     quantization = None if args.quantization == "none" else args.quantization
-    if os.path.exists(args.output) and not args.overwrite:
-        raise UsageError(f"--output {args.output!r} already exists (pass --overwrite to replace)")
+    # The output is checked before the model is read: a file where a folder goes,
+    # a path under a file, an existing output without --overwrite.
+    try:
+        export.check_target(
+            args.output, args.overwrite, directory=args.format == "saved_model", argument="--output"
+        )
+    except FileExistsError:
+        if os.path.isdir(args.output):
+            what, replaced = "a folder that is not empty", "the SavedModel in it (other files stay)"
+        else:
+            what, replaced = "a file", "it"
+        raise UsageError(
+            f"--output {args.output!r} already exists: {what}. Pass --overwrite to replace "
+            f"{replaced}, or choose another path"
+        ) from None
     if args.top_k < 1:
         raise UsageError(f"--top-k must be a positive integer. Received: --top-k {args.top_k}")
 
     model, class_names = load_trained(args.model, class_names_file=args.class_names)
+    if class_names is not None and not export.has_head(model):
+        if args.class_names is not None:
+            raise UsageError(
+                "--class-names needs a model with a classification head; "
+                f"{args.model!r} has none (num_classes=0, features out). "
+                f"Received: --class-names {args.class_names!r}"
+            )
+        class_names = None  # a classes.json beside a features model: no classes to name
     if args.format == "saved_model":
         export.export_saved_model(
             model,
