@@ -39,7 +39,9 @@ CLIENT = textwrap.dedent(
     served = tf.saved_model.load(sys.argv[1])
     images = np.random.default_rng(0).integers(0, 256, size=(2, 300, 200, 3), dtype=np.uint8)
     outputs = served.signatures["serving_default"](images=tf.constant(images))
-    for index in range(len(images)):
+    if "features" in outputs:  # a model without a head (num_classes=0)
+        print("features:", outputs["features"].shape)
+    for index in range(len(images) if "top_k_indices" in outputs else 0):
         names = outputs.get("top_k_class_names", outputs["top_k_indices"])[index].numpy()
         scores = outputs["top_k_probabilities"][index].numpy()
         best = ", ".join(
@@ -85,7 +87,8 @@ def main(argv=None):
         model, class_names = demo_model()
     output = args.output or tempfile.mkdtemp(prefix="keras_vit_export_")
     os.makedirs(output, exist_ok=True)
-    height, width = model.input_shape[1:3]
+    # The size it was built for (a dynamic_image_size model's input has none).
+    height, width = keras_vit.models.model_image_size(model)
 
     # 1. The SavedModel: uint8 images of any size in, logits/probabilities/top-k out.
     saved_model = keras_vit.export_saved_model(
@@ -119,9 +122,14 @@ def main(argv=None):
         np.random.default_rng(2).integers(0, 256, size=(1, height, width, 3), dtype=np.uint8)
     )
     images = np.asarray(images)
-    difference = np.abs(run_tflite(tflite, images)["logits"] - np.asarray(model(images))).max()
+    outputs = run_tflite(tflite, images)
+    # What the Keras model returns: features (no head), logits, or the head's activation.
+    activation = getattr(model.layers[-1], "activation", None)
+    activated = activation is not None and activation.__name__ != "linear"
+    key = "features" if "features" in outputs else "probabilities" if activated else "logits"
+    difference = np.abs(outputs[key] - np.asarray(model(images))).max()
     size = os.path.getsize(tflite) / 1e6
-    print(f"TFLite: {tflite} ({size:.2f} MB), max |logits - Keras| = {difference:.2e}")
+    print(f"TFLite: {tflite} ({size:.2f} MB), max |{key} - Keras| = {difference:.2e}")
     return 0
 
 
