@@ -278,3 +278,35 @@ def test_cli_class_names_and_a_model_without_a_head(tmp_path, capsys):
     assert cli_main(command + ["--class-names", str(run / "classes.json")]) == 2
     assert "--class-names needs a model with a classification head" in cli_error(capsys)
     assert not os.path.exists(tmp_path / "other")
+
+
+def test_cli_output_the_system_refuses_is_a_usage_error(tmp_path, monkeypatch, capsys):
+    model = tiny_model()
+    model.save(tmp_path / "model.keras")
+    mkdir = os.mkdir
+
+    def refusing_mkdir(path, *args, **kwargs):
+        if str(tmp_path / "locked") in os.fspath(path):
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        mkdir(path, *args, **kwargs)
+
+    (tmp_path / "locked").mkdir()
+    monkeypatch.setattr(os, "mkdir", refusing_mkdir)
+    output = str(tmp_path / "locked" / "vit")
+    assert cli_main(["export", "--model", str(tmp_path / "model.keras"), "--output", output]) == 2
+    error = cli_error(capsys)
+    assert f"--output {output!r} cannot be written: Permission denied" in error
+    assert os.listdir(tmp_path / "locked") == []
+
+
+def test_cli_output_in_folders_not_made_yet(tmp_path):
+    # As export_saved_model does: missing folders above --output are made.
+    model = tiny_model()
+    model.save(tmp_path / "model.keras")
+    output = tmp_path / "exported" / "vit" / "1"
+    assert (
+        cli_main(["export", "--model", str(tmp_path / "model.keras"), "--output", str(output)]) == 0
+    )
+    images = float_images()
+    expected = keras.ops.convert_to_numpy(model(images))
+    np.testing.assert_allclose(serve_float(str(output), images)["logits"], expected, atol=1e-5)

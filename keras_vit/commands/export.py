@@ -1,5 +1,6 @@
 """`keras-vit export`: a trained model to a SavedModel or a TFLite file."""
 
+import errno
 import os
 
 from keras_vit.cli import UsageError
@@ -7,6 +8,8 @@ from keras_vit.cli import UsageError
 HELP = "Export a trained model (.keras file or training folder) to SavedModel or TFLite."
 
 FORMATS = ("saved_model", "tflite")
+# Why the system may refuse to write --output: reported as usage errors.
+UNWRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.ENOENT)
 
 
 def add_arguments(parser):
@@ -101,19 +104,28 @@ def run(args):
                 f"Received: --class-names {args.class_names!r}"
             )
         class_names = None  # a classes.json beside a features model: no classes to name
-    if args.format == "saved_model":
-        export.export_saved_model(
-            model,
-            args.output,
-            preprocessing=args.preprocessing,
-            class_names=class_names,
-            top_k=args.top_k,
-            overwrite=args.overwrite,
-        )
-    else:
-        export.export_tflite(
-            model, args.output, quantization=quantization, overwrite=args.overwrite
-        )
+    try:
+        if args.format == "saved_model":
+            export.export_saved_model(
+                model,
+                args.output,
+                preprocessing=args.preprocessing,
+                class_names=class_names,
+                top_k=args.top_k,
+                overwrite=args.overwrite,
+            )
+        else:
+            export.export_tflite(
+                model, args.output, quantization=quantization, overwrite=args.overwrite
+            )
+    except OSError as error:
+        # The system refused a write under --output (no permission, a read-only
+        # file system, no space left): what was there is left as it was.
+        if error.errno not in UNWRITABLE:
+            raise
+        raise UsageError(
+            f"--output {args.output!r} cannot be written: {error.strerror} ({error.filename})"
+        ) from None
     names = f", {len(class_names)} class names" if class_names and args.format != "tflite" else ""
     print(f"Wrote {args.format} to {args.output}{names}")
     return 0
