@@ -197,6 +197,11 @@ def check_target(path, overwrite, directory, argument="path"):
     """
     path = _check_path(path, argument)
     overwrite = boolean("overwrite", overwrite)
+    if not directory and path.endswith(("/", os.sep)):
+        raise ValueError(
+            f"`{argument}` must be the .tflite file to write; {path!r} ends in a path separator "
+            f"(a folder). Received: {argument}={path!r}"
+        )
     if _is_remote(path):
         gfile = _tf().io.gfile
         exists = gfile.exists(path)

@@ -151,6 +151,10 @@ def test_a_path_under_a_file_is_refused_before_exporting(tmp_path):
     with pytest.raises(ValueError, match="`path` " + message):
         export_tflite(model, str(tmp_path / "notes.txt" / "vit" / "m.tflite"))
     assert (tmp_path / "notes.txt").read_text() == "keep me"
+    # A .tflite path ending in a separator names a folder.
+    with pytest.raises(ValueError, match=r"must be the .tflite file to write; .* ends in a path"):
+        export_tflite(model, str(tmp_path / "m.tflite") + os.sep)
+    assert sorted(os.listdir(tmp_path)) == ["notes.txt"]
 
 
 class _Failure(Exception):
