@@ -19,7 +19,8 @@ What `logits` means: a head without an activation (the default,
 softmax. A head with an activation (e.g. "softmax" or "sigmoid") gives its
 pre-activation as `logits` (recomputed from the head's kernel and bias) and the
 model's own output as `probabilities`; so does a model ending in a Softmax
-or Activation layer (that layer's input is `logits`).
+or Activation layer (that layer's input is `logits`). A functional model
+called as the last layer of another one is looked into for its head.
 
 Needs TensorFlow (imported when a function here is called), whatever the
 Keras backend the package was imported with.
@@ -128,9 +129,43 @@ def _any_size(model):
     return _grid_stride(model) if _takes_any_size(model) else None
 
 
-def _output_layer(model):
+def _last_call(model):
+    """(layer, its input tensor in `model`'s graph) of the call giving `model`'s output."""
     history = getattr(model.outputs[0], "_keras_history", None)
-    return getattr(history, "operation", None)
+    layer = getattr(history, "operation", None)
+    if layer is None:
+        return None, None
+    node = layer._inbound_nodes[history.node_index]
+    inputs = node.input_tensors
+    return layer, inputs[0] if len(inputs) == 1 else None
+
+
+def _nested(layer):
+    """Whether `layer` is a functional model (one input, one output) used as a layer."""
+    if not isinstance(layer, keras.Model):
+        return False
+    try:
+        return len(layer.inputs) == 1 and len(layer.outputs) == 1
+    except (AttributeError, ValueError):  # a subclassed model
+        return False
+
+
+def _output_layer(model):
+    """The layer computing `model`'s output, inside the functional models it calls
+    as layers (a keras_vit model behind layers that preprocess its input)."""
+    layer = _last_call(model)[0]
+    while _nested(layer):
+        layer = _last_call(layer)[0]
+    return layer
+
+
+def _with_last_input(model):
+    """`model` giving [the input of `_output_layer(model)`, its output]: one pass."""
+    layer, inputs = _last_call(model)
+    if _nested(layer):
+        features, outputs = _with_last_input(layer)(inputs)
+        return keras.Model(model.inputs[0], [features, outputs])
+    return keras.Model(model.inputs[0], [inputs, model.outputs[0]])
 
 
 def has_head(model):
@@ -374,7 +409,7 @@ class _Outputs:
                 self.activated = "layer"
         if self.activated is not None:
             # One pass giving both the last layer's input and the model's output.
-            self.model = keras.Model(model.inputs[0], [head.input, model.outputs[0]])
+            self.model = _with_last_input(model)
 
     def __call__(self, images):
         tf = _tf()
@@ -469,13 +504,21 @@ def _checked(images, height, width, channels, multiple_of=None):
         return tf.identity(images)
 
 
+def _layers(model):
+    """The layers of `model`, and those of the models it calls as layers."""
+    for layer in model.layers:
+        yield layer
+        if isinstance(layer, keras.Model):
+            yield from _layers(layer)
+
+
 def _float32_copy(model):
     """`model` rebuilt with float32 layers (same weights), or `model` itself.
 
     TFLite has no bfloat16 kernels, so a mixed-precision model is converted
     through a float32 copy.
     """
-    if all(layer.dtype_policy.compute_dtype == "float32" for layer in model.layers):
+    if all(layer.dtype_policy.compute_dtype == "float32" for layer in _layers(model)):
         return model
 
     def to_float32(config):

@@ -139,6 +139,51 @@ def test_a_final_softmax_layer_is_not_softmaxed_again(layer, tmp_path):
     np.testing.assert_allclose(lite["probabilities"], probabilities, atol=1e-5)
 
 
+def _wrapped(vit, kind):
+    """`vit` behind a layer that scales 0..255 images, or alone in a Sequential."""
+    if kind == "sequential":
+        return keras.Sequential([keras.Input((32, 32, 3)), vit])
+    inputs = keras.Input((32, 32, 3))
+    return keras.Model(inputs, vit(keras.layers.Rescaling(1 / 127.5, offset=-1)(inputs)))
+
+
+@pytest.mark.parametrize("kind", ["rescaling", "sequential"])
+def test_a_vit_called_inside_another_model_keeps_its_head(kind, tmp_path):
+    images = np.random.default_rng(2).uniform(0, 255, size=(2, 32, 32, 3)).astype("float32")
+    # A softmax head: its output is the probabilities, its pre-activation the logits.
+    vit = tiny_model(classifier_activation="softmax")
+    model = _wrapped(vit, kind)
+    outputs = serve_float(export_saved_model(model, str(tmp_path / "softmax")), images)
+    np.testing.assert_allclose(outputs["probabilities"], model(images), rtol=1e-5, atol=1e-6)
+    scaled = images / 127.5 - 1 if kind == "rescaling" else images
+    features = keras.Model(vit.inputs[0], vit.get_layer("head").input)(scaled)
+    kernel, bias = (keras.ops.convert_to_numpy(w) for w in vit.get_layer("head").weights)
+    logits = keras.ops.convert_to_numpy(features) @ kernel + bias
+    np.testing.assert_allclose(outputs["logits"], logits, rtol=1e-4, atol=1e-5)
+    # No head (num_classes=0): features, not logits with a softmax of them.
+    model = _wrapped(tiny_model(num_classes=0), kind)
+    outputs = serve_float(export_saved_model(model, str(tmp_path / "features")), images)
+    assert sorted(outputs) == ["features"]
+    np.testing.assert_allclose(outputs["features"], model(images), rtol=1e-5, atol=1e-5)
+
+
+def test_tflite_of_a_mixed_precision_vit_inside_another_model(tmp_path):
+    # TFLite has no bfloat16 kernels: the float32 copy must reach the inner model's layers.
+    model = _wrapped(tiny_model(dtype="mixed_bfloat16"), "rescaling")
+    float32_model = _wrapped(tiny_model(), "rescaling")
+    float32_model.set_weights(model.get_weights())
+    images = np.random.default_rng(3).uniform(0, 255, size=(2, 32, 32, 3)).astype("float32")
+    path = export_tflite(model, str(tmp_path / "mixed.tflite"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # tf.lite.Interpreter's deprecation notice
+        interpreter = tf.lite.Interpreter(model_path=path)
+    interpreter.resize_tensor_input(0, images.shape)
+    interpreter.allocate_tensors()
+    outputs = interpreter.get_signature_runner("serving_default")(images=images)
+    expected = keras.ops.convert_to_numpy(float32_model(images))
+    np.testing.assert_allclose(outputs["logits"], expected, rtol=0, atol=1e-4)
+
+
 # Paths -------------------------------------------------------------------------
 
 
