@@ -777,7 +777,8 @@ def check_class_names(class_names, model, source):
     """Raise ValueError unless `class_names` has one name per class of `model`'s head.
 
     `source` names where the names came from in the message. A model without
-    a head (`num_classes=0`) takes any list.
+    a head (`num_classes=0`) takes any list. Names must not repeat: a repeated
+    name would label two classes alike.
     """
     if class_names is None or not has_head(model):
         return
@@ -786,6 +787,12 @@ def check_class_names(class_names, model, source):
         raise ValueError(
             f"{source} lists {len(class_names)} class names but the model has {classes} "
             "classes; it must list one name per class, in index order"
+        )
+    repeated = sorted({name for name in class_names if class_names.count(name) > 1})
+    if repeated:
+        raise ValueError(
+            f"{source} lists {repeated!r} more than once; it must name each class once, "
+            "in index order"
         )
 
 
@@ -801,7 +808,8 @@ def load_trained(path):
 
     Returns:
         (model, class_names): the `keras.Model` and a list of strings, or
-        None when no class-name file is found.
+        None when no class-name file is found or the model has no head
+        (`num_classes=0`: no classes for the names to label).
 
     Raises:
         FileNotFoundError, ValueError: see `find_trained` and
@@ -813,5 +821,7 @@ def load_trained(path):
     import keras_vit  # noqa: F401  (registers the layers)
 
     model = keras.models.load_model(model_file, safe_mode=True)
+    if not has_head(model):
+        return model, None
     check_class_names(class_names, model, f"The class-name file {names_file!r}")
     return model, class_names

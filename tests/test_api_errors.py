@@ -373,3 +373,24 @@ def test_load_trained_checks_one_name_per_class(tiny_config, tmp_path):
     names = [f"class {i}" for i in range(10)]
     (tmp_path / "classes.json").write_text(json.dumps(names))
     assert load_trained(tmp_path)[1] == names
+
+
+def test_load_trained_refuses_repeated_names_and_drops_names_without_a_head(tiny_config, tmp_path):
+    from keras_vit.export import export_saved_model, load_trained
+
+    model = keras_vit.VisionTransformer(**tiny_config)  # 10 classes
+    model.save(tmp_path / "model.keras")
+    names = [f"class {i}" for i in range(9)] + ["class 0"]
+    (tmp_path / "classes.json").write_text(json.dumps(names))
+    with pytest.raises(ValueError, match=r"classes.json.*\['class 0'\] more than once"):
+        load_trained(tmp_path)
+
+    headless = tmp_path / "features"
+    headless.mkdir()
+    keras_vit.VisionTransformer(**{**tiny_config, "num_classes": 0}).save(headless / "model.keras")
+    (headless / "classes.json").write_text(json.dumps([f"class {i}" for i in range(10)]))
+    features, class_names = load_trained(headless)
+    assert class_names is None
+    # What load_trained gives is what export_saved_model takes.
+    export_saved_model(features, tmp_path / "exported", class_names=class_names)
+    assert (tmp_path / "exported" / "saved_model.pb").exists()
