@@ -9,8 +9,8 @@ Sources (`load(spec, ...)`):
   upscaled to `image_size` and repeated to 3 channels; fixed stratified 80/20 split.
 - "tfds:NAME": a TensorFlow Datasets dataset (its "train" split and its
   "validation" or "test" split).
-- a folder with one sub-folder per class of JPEG/PNG/BMP/GIF files, read as RGB
-  and resized to `image_size`; `validation_fraction` of them (at least one) are
+- a folder with one sub-folder per class of JPEG/PNG/BMP/GIF/WebP files (hidden
+  files and folders left out), read as RGB and resized to `image_size`; `validation_fraction` of them (at least one) are
   held out.
 - a .npz file holding x_train, y_train, x_test, y_test (and optionally
   class_names): images as `from_arrays` takes them, resized to `image_size`
@@ -30,7 +30,7 @@ import numpy as np
 from keras_vit.layers._checks import one_of, positive_int
 from keras_vit.preprocessing import pixel_range_error
 
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp")
 DIGITS = "digits"
 SPLITS = ("validation", "train")
 NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")
@@ -288,49 +288,84 @@ def _from_npz(path, image_size):
         raise ValueError(f"{path}: {error}") from None
 
 
-def list_image_folder(directory, skip_corrupt=False):
-    """Files and labels of a folder of class sub-folders, every image checked with Pillow.
+def _hidden(name):
+    """Hidden entries (".DS_Store", "._photo.jpg" of macOS, ".ipynb_checkpoints") are no data."""
+    return name.startswith(".")
 
-    A file that Pillow cannot read raises ValueError naming it, or with
-    `skip_corrupt=True` is left out and counted.
+
+def _decode_error(path):
+    """Why TensorFlow's decoder (the one the pipeline runs) cannot read `path`, or None."""
+    tf = _tf()
+    try:
+        tf.io.decode_image(tf.io.read_file(path), channels=3, expand_animations=False)
+    except (tf.errors.OpError, ValueError) as error:
+        message = getattr(error, "message", None) or str(error)
+        if message.startswith("{{"):  # "{{function_node ...}} the reason [Op:...]"
+            message = message.split("}}", 1)[-1]
+        return message.split(" [Op:")[0].strip() or type(error).__name__
+    return None
+
+
+def list_image_folder(directory, skip_corrupt=False):
+    """Files and labels of a folder of class sub-folders, every image checked.
+
+    Each class is a sub-folder (its images may sit in nested folders); files
+    ending in IMAGE_EXTENSIONS (any case) are images, and hidden files and
+    folders (names starting with ".") are left out. Every image is decoded
+    with the decoder the pipeline uses: a file it cannot read raises
+    ValueError naming it, or with `skip_corrupt=True` is left out and
+    counted. A class sub-folder without any image raises ValueError.
 
     Returns:
         (paths, labels, class_names, skipped): skipped is the list of left-out files.
     """
-    from PIL import Image
-
     if not os.path.isdir(directory):
         raise FileNotFoundError(f"No such folder. Received: data={directory!r}")
     class_names = sorted(
-        d for d in os.listdir(directory) if os.path.isdir(os.path.join(directory, d))
+        d
+        for d in os.listdir(directory)
+        if os.path.isdir(os.path.join(directory, d)) and not _hidden(d)
     )
     if not class_names:
         raise ValueError(
             f"The folder {directory!r} must hold one sub-folder of images per class. "
             "Received: no sub-folders"
         )
-    paths, labels, skipped = [], [], []
+    paths, labels, skipped, empty = [], [], [], []
     for label, name in enumerate(class_names):
-        for root, _, files in sorted(os.walk(os.path.join(directory, name))):
-            for file in sorted(files):
-                if not file.lower().endswith(IMAGE_EXTENSIONS):
-                    continue
-                path = os.path.join(root, file)
-                try:
-                    with Image.open(path) as image:
-                        image.load()
-                except Exception as error:  # noqa: BLE001 - any decoder failure
-                    if not skip_corrupt:
-                        raise ValueError(
-                            f"Cannot read the image {path}: {error}. Remove it or pass "
-                            "skip_corrupt=True (--skip-corrupt) to leave such files out."
-                        ) from None
-                    skipped.append(path)
-                    continue
-                paths.append(path)
-                labels.append(label)
+        found, candidates = 0, []
+        for root, folders, files in os.walk(os.path.join(directory, name)):
+            folders[:] = [folder for folder in folders if not _hidden(folder)]
+            candidates += [
+                os.path.join(root, file)
+                for file in files
+                if not _hidden(file) and file.lower().endswith(IMAGE_EXTENSIONS)
+            ]
+        for path in sorted(candidates):
+            error = _decode_error(path)
+            if error is not None:
+                if not skip_corrupt:
+                    raise ValueError(
+                        f"Cannot read the image {path}: {error}. Remove it or pass "
+                        "skip_corrupt=True (--skip-corrupt) to leave such files out."
+                    )
+                skipped.append(path)
+                continue
+            paths.append(path)
+            labels.append(label)
+            found += 1
+        if not found:
+            empty.append(name)
     if not paths:
         raise ValueError(f"No readable images in {directory!r} (extensions {IMAGE_EXTENSIONS})")
+    if empty:
+        raise ValueError(
+            f"Every class sub-folder of {directory!r} must hold images (files ending in "
+            f"{', '.join(IMAGE_EXTENSIONS)}, in any case). Received: "
+            f"{len(empty)} class(es) without a readable one: {empty[:10]!r}"
+            + (f" ({len(skipped)} unreadable file(s) skipped)" if skipped else "")
+            + ". Remove those sub-folders or put images in them"
+        )
     return paths, np.asarray(labels, "int32"), class_names, skipped
 
 

@@ -1,0 +1,116 @@
+"""What goes wrong for a user of keras_vit.data, keras_vit.training and `keras-vit
+train / evaluate`: odd image folders, checkpoints cut short by a kill, a resumed
+run's best model, evaluation data whose classes are not the model's."""
+
+import os
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from keras_vit import data
+
+pytestmark = pytest.mark.tensorflow_only
+
+RNG = np.random.default_rng(0)
+PIXELS = RNG.integers(0, 256, size=(16, 16, 3), dtype=np.uint8)
+TINY_RUN = ["--model", "vit-test", "--image-size", "16", "--batch-size", "16", "--quiet"]
+
+
+def _save(path, image, **kwargs):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    image.save(path, **kwargs)
+
+
+def _tiny_model(num_classes=3):
+    import keras_vit
+
+    return keras_vit.VisionTransformer(
+        image_size=16, patch_size=8, num_layers=1, num_heads=2, hidden_dim=16, mlp_dim=32,
+        num_classes=num_classes,
+    )  # fmt: skip
+
+
+def _npz(path, labels, class_names=None):
+    """Images whose class is their label (brightness), stored with `labels` renamed."""
+    y = np.arange(48) % 3
+    x = (
+        np.random.default_rng(0).integers(0, 60, size=(48, 16, 16, 3)) + y[:, None, None, None] * 90
+    ).astype("uint8")
+    arrays = dict(x_train=x, y_train=labels[y], x_test=x[:24], y_test=labels[y[:24]])
+    if class_names is not None:
+        arrays["class_names"] = np.array(class_names)
+    np.savez(path, **arrays)
+    return str(path)
+
+
+# Image folders ---------------------------------------------------------------------
+
+
+def test_folder_leaves_out_hidden_files_and_folders(tmp_path):
+    """macOS's ._name.jpg and .DS_Store, Jupyter's .ipynb_checkpoints: not classes, not images."""
+    for name in ("a", "b"):
+        _save(str(tmp_path / name / "0.png"), Image.fromarray(PIXELS))
+    _save(str(tmp_path / ".ipynb_checkpoints" / "0.png"), Image.fromarray(PIXELS))
+    _save(str(tmp_path / "a" / ".ipynb_checkpoints" / "0-checkpoint.png"), Image.fromarray(PIXELS))
+    (tmp_path / "a" / "._0.png").write_bytes(b"\x00\x05\x16\x07 AppleDouble")
+    (tmp_path / "a" / ".DS_Store").write_bytes(b"\x00\x00\x00\x01Bud1")
+    paths, labels, names, skipped = data.list_image_folder(str(tmp_path))
+    assert names == ["a", "b"]
+    assert sorted(os.path.relpath(p, tmp_path) for p in paths) == ["a/0.png", "b/0.png"]
+    assert list(labels[np.argsort(paths)]) == [0, 1] and skipped == []
+
+
+def test_folder_reads_every_extension_in_any_case_and_every_pixel_format(tmp_path):
+    """Upper-case extensions, .jpeg, .webp, CMYK JPEG, 16-bit, palette, RGBA, LA and
+    animated images, a class name with spaces and accents, nested folders: all are read
+    by the pipeline, as RGB of `image_size`."""
+    image = Image.fromarray(PIXELS)
+    files = {
+        "café au lait/A.JPG": (image, dict(format="JPEG")),
+        "café au lait/b.jpeg": (image.convert("CMYK"), dict(format="JPEG")),
+        "café au lait/deeper/still/c.WEBP": (image, dict(format="WEBP")),
+        "plain/d.PNG": (Image.fromarray(PIXELS[..., 0].astype("uint16") * 257), {}),
+        "plain/e.png": (image.convert("P"), {}),
+        "plain/f.png": (image.convert("RGBA"), {}),
+        "plain/g.png": (image.convert("LA"), {}),
+        "plain/h.gif": (image.convert("P"), dict(save_all=True, append_images=[image])),
+        "plain/i.bmp": (image, {}),
+    }
+    for name, (picture, kwargs) in files.items():
+        _save(str(tmp_path / name), picture, **kwargs)
+    loaded = data.load(str(tmp_path), image_size=8, validation_fraction=0.2)
+    assert loaded.class_names == ["café au lait", "plain"]
+    assert loaded.train_size + loaded.validation_size == len(files)
+    images = [x for x, _ in data.eval_pipeline(loaded, 4, split="train")] + [
+        x for x, _ in data.eval_pipeline(loaded, 4)
+    ]
+    assert sum(len(x) for x in images) == len(files)
+    assert all(tuple(x.shape[1:]) == (8, 8, 3) for x in images)
+
+
+def test_folder_file_that_only_pillow_reads_is_named(tmp_path):
+    """A TIFF named .png and a 1-bit BMP open in Pillow but not in TensorFlow's decoder,
+    which the pipeline runs: named at load time (not a crash in the middle of training),
+    or skipped and counted with skip_corrupt=True."""
+    for name in ("a", "b"):
+        _save(str(tmp_path / name / "ok.png"), Image.fromarray(PIXELS))
+    _save(str(tmp_path / "a" / "tiff.png"), Image.fromarray(PIXELS), format="TIFF")
+    _save(str(tmp_path / "b" / "mono.bmp"), Image.fromarray(PIXELS).convert("1"))
+    with pytest.raises(ValueError, match=r"Cannot read the image .*tiff\.png.*skip_corrupt"):
+        data.list_image_folder(str(tmp_path))
+    paths, _, _, skipped = data.list_image_folder(str(tmp_path), skip_corrupt=True)
+    assert sorted(os.path.basename(p) for p in skipped) == ["mono.bmp", "tiff.png"]
+    assert sorted(os.path.relpath(p, tmp_path) for p in paths) == ["a/ok.png", "b/ok.png"]
+
+
+def test_folder_class_without_images_is_refused(tmp_path):
+    """An empty class sub-folder (or one of .tif files only) would be a class never seen."""
+    for name in ("a", "b"):
+        _save(str(tmp_path / name / "0.png"), Image.fromarray(PIXELS))
+    (tmp_path / "empty").mkdir()
+    _save(str(tmp_path / "tiffs" / "0.tif"), Image.fromarray(PIXELS))
+    with pytest.raises(
+        ValueError, match=r"2 class\(es\) without a readable one: \['empty', 'tiffs'\]"
+    ):
+        data.list_image_folder(str(tmp_path))
