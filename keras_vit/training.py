@@ -513,10 +513,43 @@ class StepBackupAndRestore(keras.callbacks.BackupAndRestore):
     def on_epoch_begin(self, epoch, logs=None):
         self._current_epoch = epoch
 
+    def _save_model(self):
+        """Writes the weights, then the metadata, each to a temporary file renamed over
+        the last one: a process killed while writing leaves the previous backup whole."""
+        os.makedirs(self.backup_dir, exist_ok=True)
+        temporary = self._weights_path[: -len(".weights.h5")] + ".tmp.weights.h5"
+        self.model.save_weights(temporary, overwrite=True)
+        os.replace(temporary, self._weights_path)
+        metadata = {"epoch": self._current_epoch, "batch": self._last_batch_seen}
+        with open(self._training_metadata_path + ".tmp", "w", encoding="utf-8") as file:
+            json.dump(metadata, file)
+        os.replace(self._training_metadata_path + ".tmp", self._training_metadata_path)
+
     def _load_model(self):
         super()._load_model()
         # The caller derives the epoch (and the step within it) from `iterations`.
         self.model._initial_epoch = None
+
+
+class BestCheckpoint(keras.callbacks.ModelCheckpoint):
+    """ModelCheckpoint of the best model, written to a temporary file and renamed, so
+    that a process killed while writing leaves the previous best model whole."""
+
+    def _save_model(self, epoch, batch, logs):
+        filepath = self._get_file_path(epoch, batch, logs)
+        if not self._should_save_model(epoch, batch, logs, filepath):
+            return
+        directory = os.path.dirname(filepath)
+        if directory:
+            os.makedirs(directory, exist_ok=True)
+        stem, extension = os.path.splitext(filepath)
+        temporary = stem + ".tmp" + extension
+        if self.save_weights_only:
+            temporary = filepath[: -len(".weights.h5")] + ".tmp.weights.h5"
+            self.model.save_weights(temporary, overwrite=True)
+        else:
+            self.model.save(temporary, overwrite=True)
+        os.replace(temporary, filepath)
 
 
 class KillAtStep(keras.callbacks.Callback):
@@ -537,9 +570,15 @@ def build_callbacks(
     best_checkpoint=True,
     tensorboard=False,
     csv_append=False,
+    best_value=None,
 ):
     """BackupAndRestore (every `backup_steps` steps and each epoch), best checkpoint,
-    CSVLogger, TerminateOnNaN and optionally TensorBoard, all under `output`."""
+    CSVLogger, TerminateOnNaN and optionally TensorBoard, all under `output`.
+
+    Every checkpoint (backup, best.keras) is written to a temporary file and renamed.
+    `best_value`: the best validation accuracy of the epochs before (a resumed run),
+    which best.keras is replaced only to improve on; None for a new run.
+    """
     callbacks = [
         keras.callbacks.TerminateOnNaN(),
         StepBackupAndRestore(
@@ -551,11 +590,12 @@ def build_callbacks(
     ]
     if best_checkpoint:
         callbacks.append(
-            keras.callbacks.ModelCheckpoint(
+            BestCheckpoint(
                 os.path.join(output, "best.keras"),
                 monitor="val_accuracy",
                 mode="max",
                 save_best_only=True,
+                initial_value_threshold=best_value,
             )
         )
     if tensorboard:

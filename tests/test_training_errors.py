@@ -2,13 +2,19 @@
 train / evaluate`: odd image folders, checkpoints cut short by a kill, a resumed
 run's best model, evaluation data whose classes are not the model's."""
 
+import contextlib
+import io
+import json
 import os
+import shutil
 
+import keras
 import numpy as np
 import pytest
 from PIL import Image
 
-from keras_vit import data
+from keras_vit import data, training
+from keras_vit.cli import main
 
 pytestmark = pytest.mark.tensorflow_only
 
@@ -114,3 +120,141 @@ def test_folder_class_without_images_is_refused(tmp_path):
         ValueError, match=r"2 class\(es\) without a readable one: \['empty', 'tiffs'\]"
     ):
         data.list_image_folder(str(tmp_path))
+
+
+# Checkpoints cut short ---------------------------------------------------------------
+
+
+class _Killed(Exception):
+    """Stands for a SIGKILL in the middle of writing a file."""
+
+
+def _cut_short(*args, **kwargs):
+    path = kwargs.get("filepath", args[0] if args else None)
+    with open(path, "wb") as file:
+        file.write(b"\x89HDF\r\n\x1a\n truncated")  # what a killed write leaves
+    raise _Killed
+
+
+def _compiled_model():
+    model = _tiny_model()
+    training.compile_model(model, total_steps=4, jit_compile=False, streams=1)
+    return model
+
+
+def test_backup_killed_while_written_keeps_the_previous_one(tmp_path, monkeypatch):
+    model = _compiled_model()
+    callback = next(
+        c for c in training.build_callbacks(str(tmp_path)) if isinstance(c, keras.callbacks.BackupAndRestore)
+    )  # fmt: skip
+    callback.set_model(model)
+    callback._save_model()
+    path = tmp_path / "backup" / "latest.weights.h5"
+    before = path.read_bytes()
+    monkeypatch.setattr(model, "save_weights", _cut_short)
+    with pytest.raises(_Killed):
+        callback._save_model()
+    assert path.read_bytes() == before
+    monkeypatch.undo()
+    model.load_weights(str(path))  # still a whole backup
+
+
+def test_best_model_killed_while_written_keeps_the_previous_one(tmp_path, monkeypatch):
+    model = _compiled_model()
+    callback = next(
+        c for c in training.build_callbacks(str(tmp_path)) if isinstance(c, keras.callbacks.ModelCheckpoint)
+    )  # fmt: skip
+    callback.set_model(model)
+    callback.on_epoch_end(0, {"val_accuracy": 0.5})
+    path = tmp_path / "best.keras"
+    before = path.read_bytes()
+    monkeypatch.setattr(model, "save", _cut_short)
+    with pytest.raises(_Killed):
+        callback.on_epoch_end(1, {"val_accuracy": 0.75})
+    assert path.read_bytes() == before
+    monkeypatch.undo()
+    keras.models.load_model(str(path))
+
+
+@pytest.fixture(scope="module")
+def tiny_npz(tmp_path_factory):
+    return _npz(tmp_path_factory.mktemp("npz") / "tiny.npz", np.arange(3))
+
+
+def _stored_args(output):
+    """The arguments of the run in `output`, as `keras-vit train --resume` takes them."""
+    import argparse
+
+    from keras_vit.commands import train
+
+    parser = argparse.ArgumentParser()
+    train.add_arguments(parser)
+    args = parser.parse_args(["--output", output])
+    with open(os.path.join(output, "run.json"), encoding="utf-8") as file:
+        for name, value in json.load(file)["args"].items():
+            setattr(args, name, value)
+    return args
+
+
+def test_resumed_run_keeps_a_better_best_model(tiny_npz, tmp_path):
+    """A resumed run replaces best.keras only with a model better than the best of the
+    epochs before the kill (history.csv), not with whatever its first epoch gives."""
+    from keras_vit.commands import train
+
+    out = tmp_path / "run"
+    argv = ["train", "--data", tiny_npz, *TINY_RUN, "--epochs", "2", "--output", str(out)]
+    assert main(argv) == 0
+    # As if killed in epoch 2, after a first epoch that reached 1.0 (no better one exists).
+    rows = (out / "history.csv").read_text().splitlines()
+    first = rows[1].split(",")
+    first[rows[0].split(",").index("val_accuracy")] = "1.0"
+    (out / "history.csv").write_text(rows[0] + "\n" + ",".join(first) + "\n")
+    before = (out / "best.keras").read_bytes()
+    loaded = data.load(tiny_npz, image_size=16)
+    validation = data.eval_pipeline(loaded, 16)
+    model = train.build_model("vit-test", 16, 3)
+    training.compile_model(model, total_steps=6, jit_compile=False, streams=1)
+    # Epoch 2 (3 steps of 16 images) after the 3 steps of epoch 1.
+    train._fit(model, loaded, _stored_args(str(out)), str(out), 3, 1, 2, 3, validation, 0)
+    assert (out / "best.keras").read_bytes() == before
+
+
+def test_kill_after_training_before_the_run_is_recorded_complete(tiny_npz, tmp_path, monkeypatch):
+    """The backup goes only once run.json says complete: a kill in between leaves a run
+    that --resume finishes (not one that trains again from step 0), and a backup that
+    cannot be read is a usage error that deletes nothing."""
+    from keras_vit.commands import train
+
+    out = tmp_path / "run"
+    write = train._write_run_file
+
+    def killed_when_complete(args, completed, extra=None):
+        if completed:
+            raise _Killed
+        return write(args, completed, extra)
+
+    monkeypatch.setattr(train, "_write_run_file", killed_when_complete)
+    argv = ["train", "--data", tiny_npz, *TINY_RUN, "--epochs", "1", "--output", str(out)]
+    argv += ["--backup-steps", "1"]
+    with pytest.raises(_Killed):
+        main(argv)
+    monkeypatch.undo()
+    assert json.loads((out / "run.json").read_text())["completed"] is False
+    assert (out / "backup" / "latest.weights.h5").is_file()
+
+    broken = tmp_path / "broken"
+    shutil.copytree(out, broken)
+    (broken / "backup" / "latest.weights.h5").write_bytes(b"\x89HDF\r\n\x1a\n truncated")
+    listing = sorted(os.listdir(broken))
+    stderr = io.StringIO()
+    with contextlib.redirect_stderr(stderr):
+        assert main(["train", "--output", str(broken), "--resume", "--quiet"]) == 2
+    assert "backup" in stderr.getvalue() and "latest.weights.h5" in stderr.getvalue()
+    assert sorted(os.listdir(broken)) == listing
+
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        assert main(["train", "--output", str(out), "--resume", "--quiet"]) == 0
+    assert "resuming at step 3" in stdout.getvalue()  # 1 epoch of 48 images in batches of 16
+    assert json.loads((out / "run.json").read_text())["completed"] is True
+    assert not (out / "backup").exists()

@@ -220,6 +220,7 @@ RUN_ENTRIES = (
     "model.keras",
     "model.tmp.keras",
     "best.keras",
+    "best.tmp.keras",
     "saved_model",
     "classes.json",
     "history.csv",
@@ -557,10 +558,11 @@ def train(args, prepare_output=None):
     if os.path.exists(saved_model):
         shutil.rmtree(saved_model)
     export_saved_model(model, saved_model, class_names=data.class_names)
-    shutil.rmtree(os.path.join(output, "backup"), ignore_errors=True)
     _write_run_file(
         args, completed=True, extra={"val_loss": float(loss), "val_accuracy": float(accuracy)}
     )
+    # Only once the run is recorded as complete: killed before, it resumes from the backup.
+    shutil.rmtree(os.path.join(output, "backup"), ignore_errors=True)
     del tf
     print(f"Final validation accuracy: {accuracy:.4f} (loss {loss:.4f})")
     for name in ("model.keras", "saved_model", "best.keras", "classes.json"):
@@ -727,8 +729,30 @@ def _restore(model, work_dir):
     if not os.path.isfile(path):
         return 0
     model.optimizer.build(model.trainable_variables)
-    model.load_weights(path)
+    try:
+        model.load_weights(path)
+    except (OSError, ValueError) as error:
+        first = (str(error).strip().splitlines() or [""])[0][:300]
+        raise UsageError(
+            f"the backup {path!r} of the run cannot be read ({type(error).__name__}: {first}). "
+            "Nothing was changed; move the backup folder away to train the run again from "
+            "its start"
+        ) from None
     return int(model.optimizer.iterations.numpy())
+
+
+def _best_accuracy(work_dir):
+    """The best validation accuracy in history.csv, when best.keras holds a model of it."""
+    if not os.path.isfile(os.path.join(work_dir, "best.keras")):
+        return None
+    values = [
+        value
+        for value in _history_from_csv(os.path.join(work_dir, "history.csv")).get(
+            "val_accuracy", []
+        )
+        if value is not None
+    ]
+    return max(values) if values else None
 
 
 def _fit(model, data, args, work_dir, skip, epoch, end_epoch, steps, validation, verbose):
@@ -751,6 +775,7 @@ def _fit(model, data, args, work_dir, skip, epoch, end_epoch, steps, validation,
         backup_steps=args.backup_steps,
         tensorboard=getattr(args, "tensorboard", False),
         csv_append=skip > 0,
+        best_value=_best_accuracy(work_dir) if skip > 0 else None,
     )
     model.fit(
         stream,
