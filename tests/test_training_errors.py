@@ -258,3 +258,42 @@ def test_kill_after_training_before_the_run_is_recorded_complete(tiny_npz, tmp_p
     assert "resuming at step 3" in stdout.getvalue()  # 1 epoch of 48 images in batches of 16
     assert json.loads((out / "run.json").read_text())["completed"] is True
     assert not (out / "backup").exists()
+
+
+# keras-vit evaluate: the data's classes and the model's ------------------------------
+
+
+@pytest.fixture(scope="module")
+def trained_folder(tmp_path_factory):
+    """A tiny model with a random (not zero) head and its classes.json."""
+    folder = tmp_path_factory.mktemp("trained")
+    model = _tiny_model()
+    head = model.get_layer("head")
+    head.set_weights([np.random.default_rng(1).normal(size=w.shape) for w in head.get_weights()])
+    model.save(str(folder / "model.keras"))
+    (folder / "classes.json").write_text(json.dumps(["cat", "dog", "fox"]))
+    return str(folder)
+
+
+def _evaluate(folder, npz, capsys):
+    code = main(["evaluate", "--model", folder, "--data", npz])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_evaluate_matches_classes_by_name(trained_folder, tmp_path, capsys):
+    """The same images and classes, stored in another order: the same loss and accuracy."""
+    same = _npz(tmp_path / "same.npz", np.arange(3), ["cat", "dog", "fox"])
+    reordered = _npz(tmp_path / "reordered.npz", np.array([2, 0, 1]), ["dog", "fox", "cat"])
+    code, expected, err = _evaluate(trained_folder, same, capsys)
+    assert code == 0, err
+    code, found, err = _evaluate(trained_folder, reordered, capsys)
+    assert code == 0, err
+    assert found.splitlines()[-1] == expected.splitlines()[-1]
+    assert "matched to the model's 3 by name" in found
+
+
+def test_evaluate_refuses_classes_the_model_has_not(trained_folder, tmp_path, capsys):
+    other = _npz(tmp_path / "other.npz", np.arange(3), ["cat", "emu", "fox"])
+    code, _, err = _evaluate(trained_folder, other, capsys)
+    assert code == 2 and "--data" in err and "'emu'" in err and "Traceback" not in err

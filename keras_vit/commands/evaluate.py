@@ -27,9 +27,8 @@ def run(args):
     from keras_vit import training
     from keras_vit.commands._common import (
         check_data_spec,
-        find_trained,
         load_data,
-        load_keras_file,
+        load_trained,
         num_classes,
         validation_hint,
     )
@@ -38,7 +37,7 @@ def run(args):
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be positive. Received: {args.batch_size}")
     check_data_spec(args.data)
-    model = load_keras_file(find_trained(args.model)[0])
+    model, model_names = load_trained(args.model)
     classes = num_classes(model)
     if classes is None:
         raise UsageError(f"--model {args.model!r} has no classification head (num_classes=0)")
@@ -50,11 +49,7 @@ def run(args):
         seed=args.seed,
         skip_corrupt=args.skip_corrupt,
     )
-    if data.num_classes != classes:
-        raise ValueError(
-            f"--data has {data.num_classes} classes but the model predicts {classes}. "
-            f"Received: data={args.data!r}"
-        )
+    data = match_classes(data, model_names, classes, args)
     channels, model_channels = data.validation.element_spec[0].shape[-1], model.inputs[0].shape[-1]
     if channels != model_channels:
         raise UsageError(
@@ -76,3 +71,55 @@ def run(args):
     loss, accuracy = model.evaluate(data_module.eval_pipeline(data, args.batch_size), verbose=0)
     print(f"{data.validation_size} images: loss {loss:.4f}, accuracy {accuracy:.4f}")
     return 0
+
+
+def _numbered(names):
+    """Whether `names` are the ones a source without class names gets: "0", "1", ..."""
+    return list(names) == [str(index) for index in range(len(names))]
+
+
+def match_classes(data, model_names, classes, args):
+    """`data` with its labels in the model's class order, or a usage error.
+
+    The data's classes are matched to the model's class names (its
+    classes.json) by name: in another order, or only some of them, the
+    labels are mapped to the model's. Names that the model has not are
+    refused, unless one side has only the numbers "0", "1", ... of a source
+    without class names: then the class counts must agree.
+    """
+    import tensorflow as tf
+
+    from keras_vit import data as data_module
+
+    names = data.class_names
+    if model_names is not None and set(names) <= set(model_names):
+        if names == list(model_names):
+            return data
+        mapping = tf.constant([list(model_names).index(name) for name in names], tf.int32)
+
+        def relabel(image, label):
+            return image, tf.gather(mapping, label)
+
+        print(
+            f"--data {args.data!r}: its {len(names)} classes are matched to the model's "
+            f"{len(model_names)} by name"
+        )
+        return data_module.Data(
+            data.train.map(relabel),
+            data.validation.map(relabel),
+            model_names,
+            data.train_size,
+            data.validation_size,
+        )
+    if model_names is not None and not (_numbered(names) or _numbered(model_names)):
+        unknown = [name for name in names if name not in model_names]
+        raise UsageError(
+            f"--data {args.data!r} has classes the model was not trained on: "
+            f"{unknown[:10]!r}; the model's classes are {list(model_names)[:20]!r}"
+        )
+    if data.num_classes != classes:
+        raise UsageError(
+            f"--data {args.data!r} has {data.num_classes} classes but the model predicts "
+            f"{classes}"
+        )
+    return data
