@@ -260,6 +260,34 @@ def test_kill_after_training_before_the_run_is_recorded_complete(tiny_npz, tmp_p
     assert not (out / "backup").exists()
 
 
+def test_resume_from_a_backup_needs_no_weights_file(tiny_npz, tmp_path, monkeypatch):
+    """A run started from --weights and interrupted resumes from its backup, which holds
+    every weight: the checkpoint file may be gone by then (a cleaned /tmp, a moved file)."""
+    from keras_vit.commands import train
+
+    checkpoint = tmp_path / "start.keras"
+    train.build_model("vit-test", 16, 3).save(str(checkpoint))
+    out = tmp_path / "run"
+    write = train._write_run_file
+
+    def killed_when_complete(args, completed, extra=None):
+        if completed:
+            raise _Killed
+        return write(args, completed, extra)
+
+    monkeypatch.setattr(train, "_write_run_file", killed_when_complete)
+    argv = ["train", "--data", tiny_npz, *TINY_RUN, "--epochs", "1", "--output", str(out)]
+    with pytest.raises(_Killed):
+        main([*argv, "--backup-steps", "1", "--weights", str(checkpoint)])
+    monkeypatch.undo()
+    checkpoint.unlink()
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        assert main(["train", "--output", str(out), "--resume", "--quiet"]) == 0
+    assert "resuming at step 3" in stdout.getvalue()
+    assert json.loads((out / "run.json").read_text())["completed"] is True
+
+
 # keras-vit evaluate: the data's classes and the model's ------------------------------
 
 

@@ -190,8 +190,9 @@ def add_arguments(parser):
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
-def _check_args(args):
-    """Checks what can be checked without reading the data or building the model."""
+def _check_args(args, weights=True):
+    """Checks what can be checked without reading the data or building the model
+    (`weights=False`: not --weights, which a run resumed from its backup does not read)."""
     from keras_vit.commands._common import check_data_spec
 
     for name in ("weight_decay", "label_smoothing", "clipnorm", "dropout", "warmup_epochs"):
@@ -204,7 +205,7 @@ def _check_args(args):
         raise UsageError(f"--dropout must be in [0, 1). Received: {args.dropout}")
     if args.crop_scale is not None and not 0 < args.crop_scale <= 1:
         raise UsageError(f"--crop-scale must be in (0, 1]. Received: {args.crop_scale}")
-    if args.weights and not os.path.isfile(args.weights):
+    if weights and args.weights and not os.path.isfile(args.weights):
         raise UsageError(f"--weights: no such file. Received: {args.weights!r}")
     from keras_vit.models import VARIANTS
 
@@ -464,18 +465,19 @@ def run(args):
         return 0
     if plan == "resume":
         try:
-            _check_args(args)
+            _check_args(args, weights=not _has_backup(args.output))
         except UsageError as error:
             raise UsageError(
                 f"the run in {args.output!r} was started with arguments that are not valid "
                 f"now: {error}"
             ) from None
-    return train(args, prepare_output=lambda: _commit_output(args, plan))
+    return train(args, prepare_output=lambda: _commit_output(args, plan), resume=plan == "resume")
 
 
-def train(args, prepare_output=None):
+def train(args, prepare_output=None, resume=False):
     """Trains as `args` say; `prepare_output()`, when given, is called once the data
-    and the model are ready, before anything is written in `args.output`."""
+    and the model are ready, before anything is written in `args.output`. `resume`:
+    the run continues from its backup, when it has one (its --weights are not read)."""
     import keras
     import tensorflow as tf
 
@@ -506,7 +508,7 @@ def train(args, prepare_output=None):
         model = build_model(
             args.model, args.image_size, data.num_classes, channels, args.dropout, args.remat
         )
-        if args.weights:
+        if args.weights and not (resume and _has_backup(work_dir)):
             _load_weights(model, args.weights, args.model)
         training.compile_model(
             model,
@@ -723,9 +725,17 @@ def _resized_position_embedding(layer, other, arrays):
     return arrays, f"Resized the position embedding of --weights from a {source} grid to {target}."
 
 
+def _backup_file(work_dir):
+    return os.path.join(work_dir, "backup", "latest.weights.h5")
+
+
+def _has_backup(work_dir):
+    return os.path.isfile(_backup_file(work_dir))
+
+
 def _restore(model, work_dir):
     """Loads the backup of an interrupted run, if any; returns the global step reached."""
-    path = os.path.join(work_dir, "backup", "latest.weights.h5")
+    path = _backup_file(work_dir)
     if not os.path.isfile(path):
         return 0
     model.optimizer.build(model.trainable_variables)
