@@ -572,13 +572,18 @@ def build_callbacks(
     csv_append=False,
     best_value=None,
 ):
-    """BackupAndRestore (every `backup_steps` steps and each epoch), best checkpoint,
-    CSVLogger, TerminateOnNaN and optionally TensorBoard, all under `output`.
+    """BackupAndRestore (every `backup_steps` steps, counted over the epochs), best
+    checkpoint, CSVLogger, TerminateOnNaN and optionally TensorBoard, all under `output`.
 
     Every checkpoint (backup, best.keras) is written to a temporary file and renamed.
     `best_value`: the best validation accuracy of the epochs before (a resumed run),
     which best.keras is replaced only to improve on; None for a new run.
+    `backup_steps`: a positive integer, or 0 or None for a backup at each epoch's end only.
     """
+    if not isinstance(output, (str, os.PathLike)) or not os.fspath(output):
+        raise ValueError(f"`output` must be a folder path. Received: output={output!r}")
+    if backup_steps is not None:
+        backup_steps = non_negative_int("backup_steps", backup_steps)
     callbacks = [
         keras.callbacks.TerminateOnNaN(),
         StepBackupAndRestore(

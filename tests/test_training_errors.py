@@ -196,6 +196,21 @@ def _stored_args(output):
     return args
 
 
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(backup_steps=-3), "backup_steps.*non-negative integer.*-3"),
+        (dict(backup_steps=2.5), "backup_steps.*2.5"),
+        (dict(output=""), "output.*folder path.*''"),
+        (dict(output=None), "output.*None"),
+    ],
+)
+def test_build_callbacks_checks_its_arguments(kwargs, match, tmp_path):
+    """A negative backup_steps was taken as "a backup after every step"."""
+    with pytest.raises(ValueError, match=match):
+        training.build_callbacks(**(dict(output=str(tmp_path)) | kwargs))
+
+
 def test_resumed_run_keeps_a_better_best_model(tiny_npz, tmp_path):
     """A resumed run replaces best.keras only with a model better than the best of the
     epochs before the kill (history.csv), not with whatever its first epoch gives."""
