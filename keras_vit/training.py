@@ -503,6 +503,19 @@ def is_chief():
 # Callbacks ---------------------------------------------------------------------
 
 
+def _finite_loss(logs):
+    """False when `logs` hold a NaN or infinite loss (what TerminateOnNaN stops on)."""
+    loss = (logs or {}).get("loss")
+    return loss is None or math.isfinite(float(loss))
+
+
+def _finite_weights(model):
+    """Whether every trainable weight of `model` is finite (a step's update can make them
+    NaN a step before the loss shows it)."""
+    ops = keras.ops
+    return all(bool(ops.all(ops.isfinite(v))) for v in model.trainable_variables)
+
+
 class StepBackupAndRestore(keras.callbacks.BackupAndRestore):
     """BackupAndRestore that records the current epoch in mid-epoch backups too.
 
@@ -513,9 +526,22 @@ class StepBackupAndRestore(keras.callbacks.BackupAndRestore):
     def on_epoch_begin(self, epoch, logs=None):
         self._current_epoch = epoch
 
+    # A step whose loss or weights are NaN or infinite is not backed up: the backup
+    # keeps the last weights that trained well (TerminateOnNaN stops the run).
+    def on_train_batch_end(self, batch, logs=None):
+        if _finite_loss(logs):
+            super().on_train_batch_end(batch, logs)
+
+    def on_epoch_end(self, epoch, logs=None):
+        if _finite_loss(logs):
+            super().on_epoch_end(epoch, logs)
+
     def _save_model(self):
         """Writes the weights, then the metadata, each to a temporary file renamed over
-        the last one: a process killed while writing leaves the previous backup whole."""
+        the last one: a process killed while writing leaves the previous backup whole.
+        Weights that are not all finite are not written."""
+        if not _finite_weights(self.model):
+            return
         os.makedirs(self.backup_dir, exist_ok=True)
         temporary = self._weights_path[: -len(".weights.h5")] + ".tmp.weights.h5"
         self.model.save_weights(temporary, overwrite=True)
@@ -533,10 +559,13 @@ class StepBackupAndRestore(keras.callbacks.BackupAndRestore):
 
 class BestCheckpoint(keras.callbacks.ModelCheckpoint):
     """ModelCheckpoint of the best model, written to a temporary file and renamed, so
-    that a process killed while writing leaves the previous best model whole."""
+    that a process killed while writing leaves the previous best model whole; never
+    a model whose training loss is NaN or infinite."""
 
     def _save_model(self, epoch, batch, logs):
         filepath = self._get_file_path(epoch, batch, logs)
+        if not (_finite_loss(logs) and _finite_weights(self.model)):  # training diverged
+            return
         if not self._should_save_model(epoch, batch, logs, filepath):
             return
         directory = os.path.dirname(filepath)

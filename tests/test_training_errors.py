@@ -176,6 +176,28 @@ def test_best_model_killed_while_written_keeps_the_previous_one(tmp_path, monkey
     keras.models.load_model(str(path))
 
 
+def test_weights_made_nan_by_a_step_are_not_checkpointed(tmp_path):
+    """An update can turn the weights NaN while the step's loss, computed before it, is
+    still finite: neither the backup nor best.keras takes such weights."""
+    model = _compiled_model()
+    backup, best = (
+        next(c for c in training.build_callbacks(str(tmp_path)) if isinstance(c, kind))
+        for kind in (keras.callbacks.BackupAndRestore, keras.callbacks.ModelCheckpoint)
+    )
+    for callback in (backup, best):
+        callback.set_model(model)
+    backup._save_model()
+    best.on_epoch_end(0, {"loss": 1.0, "val_accuracy": 0.5})
+    saved = [(tmp_path / name).read_bytes() for name in ("backup/latest.weights.h5", "best.keras")]
+    variable = model.trainable_variables[0]
+    variable.assign(np.full(variable.shape, np.nan, "float32"))
+    backup._save_model()
+    best.on_epoch_end(1, {"loss": 1.0, "val_accuracy": 0.75})
+    assert [
+        (tmp_path / name).read_bytes() for name in ("backup/latest.weights.h5", "best.keras")
+    ] == saved
+
+
 @pytest.fixture(scope="module")
 def tiny_npz(tmp_path_factory):
     return _npz(tmp_path_factory.mktemp("npz") / "tiny.npz", np.arange(3))
@@ -301,6 +323,37 @@ def test_resume_from_a_backup_needs_no_weights_file(tiny_npz, tmp_path, monkeypa
         assert main(["train", "--output", str(out), "--resume", "--quiet"]) == 0
     assert "resuming at step 3" in stdout.getvalue()
     assert json.loads((out / "run.json").read_text())["completed"] is True
+
+
+def _finite_h5(path):
+    import h5py
+
+    arrays = []
+
+    def collect(_, item):
+        if isinstance(item, h5py.Dataset):
+            arrays.append(item[()])
+
+    with h5py.File(path, "r") as file:
+        file.visititems(collect)
+    return bool(arrays) and all(np.all(np.isfinite(a)) for a in arrays if a.dtype.kind == "f")
+
+
+def test_diverged_run_is_a_usage_error_that_keeps_the_good_weights(tiny_npz, tmp_path, capsys):
+    """--lr far too high: the loss becomes NaN. The run is not recorded complete with a NaN
+    model.keras; the backup and best.keras keep weights from before the NaN step."""
+    out = tmp_path / "run"
+    argv = ["train", "--data", tiny_npz, *TINY_RUN, "--epochs", "2", "--output", str(out)]
+    assert main([*argv, "--backup-steps", "1", "--lr", "1e9"]) == 2
+    err = capsys.readouterr().err
+    assert "diverged" in err and "--lr 1e9" in err.replace("1000000000.0", "1e9")
+    assert "Traceback" not in err
+    assert not (out / "model.keras").exists()
+    assert json.loads((out / "run.json").read_text())["completed"] is False
+    assert _finite_h5(str(out / "backup" / "latest.weights.h5"))
+    if (out / "best.keras").exists():
+        model = keras.models.load_model(str(out / "best.keras"))
+        assert all(np.all(np.isfinite(w)) for w in model.get_weights())
 
 
 # keras-vit evaluate: the data's classes and the model's ------------------------------

@@ -798,6 +798,16 @@ def _fit(model, data, args, work_dir, skip, epoch, end_epoch, steps, validation,
         callbacks=callbacks,
         verbose=verbose,
     )
+    if model.stop_training:  # only TerminateOnNaN stops a run early
+        step = int(model.optimizer.iterations.numpy())
+        peak = training.scaled_learning_rate(args.lr, args.batch_size)
+        raise UsageError(
+            f"training diverged: the loss became NaN or infinite at step {step} with --lr "
+            f"{args.lr} (a peak rate of {peak:.3g} at --batch-size {args.batch_size}). The run "
+            f"in {args.output} is not complete and no model.keras was written; its backup "
+            "and best.keras (if any) hold weights from before. Train again with a lower --lr "
+            "(and --overwrite)"
+        )
 
 
 def _jit_compile(value):
