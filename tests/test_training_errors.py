@@ -256,13 +256,10 @@ def test_resumed_run_keeps_a_better_best_model(tiny_npz, tmp_path):
     assert (out / "best.keras").read_bytes() == before
 
 
-def test_kill_after_training_before_the_run_is_recorded_complete(tiny_npz, tmp_path, monkeypatch):
-    """The backup goes only once run.json says complete: a kill in between leaves a run
-    that --resume finishes (not one that trains again from step 0), and a backup that
-    cannot be read is a usage error that deletes nothing."""
+def _kill_when_complete(monkeypatch):
+    """Makes `keras-vit train` stop as if killed just before run.json records it complete."""
     from keras_vit.commands import train
 
-    out = tmp_path / "run"
     write = train._write_run_file
 
     def killed_when_complete(args, completed, extra=None):
@@ -271,6 +268,15 @@ def test_kill_after_training_before_the_run_is_recorded_complete(tiny_npz, tmp_p
         return write(args, completed, extra)
 
     monkeypatch.setattr(train, "_write_run_file", killed_when_complete)
+
+
+def test_kill_after_training_before_the_run_is_recorded_complete(tiny_npz, tmp_path, monkeypatch):
+    """The backup goes only once run.json says complete: a kill in between leaves a run
+    that --resume finishes (not one that trains again from step 0), and a backup that
+    cannot be read is a usage error that deletes nothing."""
+
+    out = tmp_path / "run"
+    _kill_when_complete(monkeypatch)
     argv = ["train", "--data", tiny_npz, *TINY_RUN, "--epochs", "1", "--output", str(out)]
     argv += ["--backup-steps", "1"]
     with pytest.raises(_Killed):
@@ -305,14 +311,7 @@ def test_resume_from_a_backup_needs_no_weights_file(tiny_npz, tmp_path, monkeypa
     checkpoint = tmp_path / "start.keras"
     train.build_model("vit-test", 16, 3).save(str(checkpoint))
     out = tmp_path / "run"
-    write = train._write_run_file
-
-    def killed_when_complete(args, completed, extra=None):
-        if completed:
-            raise _Killed
-        return write(args, completed, extra)
-
-    monkeypatch.setattr(train, "_write_run_file", killed_when_complete)
+    _kill_when_complete(monkeypatch)
     argv = ["train", "--data", tiny_npz, *TINY_RUN, "--epochs", "1", "--output", str(out)]
     with pytest.raises(_Killed):
         main([*argv, "--backup-steps", "1", "--weights", str(checkpoint)])
@@ -354,6 +353,25 @@ def test_diverged_run_is_a_usage_error_that_keeps_the_good_weights(tiny_npz, tmp
     if (out / "best.keras").exists():
         model = keras.models.load_model(str(out / "best.keras"))
         assert all(np.all(np.isfinite(w)) for w in model.get_weights())
+
+
+def test_resume_refuses_data_that_changed(tmp_path, monkeypatch, capsys):
+    """--data given more images (or other classes) since the run started: another
+    schedule and other batches, which a resumed run would mix with the first ones."""
+    npz = _npz(tmp_path / "data.npz", np.arange(3), ["cat", "dog", "fox"])
+    out = tmp_path / "run"
+    _kill_when_complete(monkeypatch)
+    argv = ["train", "--data", npz, *TINY_RUN, "--epochs", "1", "--output", str(out)]
+    with pytest.raises(_Killed):
+        main([*argv, "--backup-steps", "1"])
+    monkeypatch.undo()
+    _npz(tmp_path / "data.npz", np.arange(3), ["cat", "dog", "emu"])
+    listing = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    capsys.readouterr()
+    assert main(["train", "--output", str(out), "--resume", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "--data" in err and "class_names 3 (cat, dog, fox) then, 3 (cat, dog, emu) now" in err
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == listing
 
 
 # keras-vit evaluate: the data's classes and the model's ------------------------------

@@ -372,6 +372,8 @@ def _commit_output(args, plan):
 
 def _write_run_file(args, completed, extra=None):
     record = {"args": {name: getattr(args, name) for name in STORED}, "completed": completed}
+    if getattr(args, "_data_summary", None) is not None:
+        record["data"] = args._data_summary
     record.update(extra or {})
     path = os.path.join(args.output, RUN_FILE)
     with open(path + ".tmp", "w", encoding="utf-8") as file:
@@ -499,6 +501,9 @@ def train(args, prepare_output=None, resume=False):
     training.set_mixed_precision(args.mixed_precision)
 
     data = _load_data(args)
+    args._data_summary = _data_summary(data)
+    if resume and chief:
+        _check_same_data(args)
     channels = data.train.element_spec[0].shape[-1]
     steps = data_module.steps_per_epoch(data, args.batch_size)
     total_steps = steps * args.epochs
@@ -577,6 +582,41 @@ def train(args, prepare_output=None, resume=False):
 def _task_index():
     task = json.loads(os.environ.get("TF_CONFIG", "{}") or "{}").get("task", {})
     return f"{task.get('type', 'worker')}-{task.get('index', 0)}"
+
+
+def _data_summary(data):
+    """What run.json records of the data, for --resume to check that it is the same."""
+    return {
+        "train_size": data.train_size,
+        "validation_size": data.validation_size,
+        "class_names": data.class_names,
+    }
+
+
+def _check_same_data(args):
+    """A usage error when --data now gives other images or classes than when the run
+    started (run.json of earlier versions records none: not checked)."""
+    before = (_read_run_file(args.output) or {}).get("data")
+    now = args._data_summary
+    if not isinstance(before, dict) or before == now:
+        return
+
+    def describe(value, key):
+        if key != "class_names" or not isinstance(value, list):
+            return repr(value)
+        more = ", ..." if len(value) > 5 else ""
+        return f"{len(value)} ({', '.join(map(str, value[:5]))}{more})"
+
+    differ = [
+        f"{key} {describe(before.get(key), key)} then, {describe(now[key], key)} now"
+        for key in now
+        if before.get(key) != now[key]
+    ]
+    raise UsageError(
+        f"--resume: --data {args.data!r} is not the data the run in {args.output!r} started "
+        f"with: {'; '.join(differ)}. A run continues only on the same data; start a new run "
+        "in another --output (--weights DIR/best.keras to start from its best model)"
+    )
 
 
 def _load_data(args):
