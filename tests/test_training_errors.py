@@ -374,6 +374,31 @@ def test_resume_refuses_data_that_changed(tmp_path, monkeypatch, capsys):
     assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == listing
 
 
+@pytest.mark.parametrize(
+    "missing, hint",
+    [
+        ("tensorflow_datasets", "pip install tensorflow-datasets"),
+        (
+            "importlib_resources",
+            "cannot import importlib_resources (pip install importlib_resources)",
+        ),
+    ],
+)
+def test_tfds_import_error_names_what_to_install(missing, hint, monkeypatch):
+    """TensorFlow Datasets installed but missing one of its own imports: pip install
+    tensorflow-datasets, which is there already, was the hint."""
+    from keras_vit.cli import UsageError
+    from keras_vit.commands._common import load_data
+
+    def load(*args, **kwargs):
+        raise ModuleNotFoundError(f"No module named {missing!r}", name=missing)
+
+    monkeypatch.setattr(data, "load", load)
+    with pytest.raises(UsageError, match="--data 'tfds:mnist' needs") as error:
+        load_data("tfds:mnist", (16, 16))
+    assert hint in str(error.value)
+
+
 # keras-vit evaluate: the data's classes and the model's ------------------------------
 
 

@@ -152,9 +152,14 @@ def load_data(spec, image_size, seed=0, skip_corrupt=False, flag="--data"):
     except ModuleNotFoundError as error:
         if not spec.startswith("tfds:"):
             raise
-        raise UsageError(
-            f"{flag} {spec!r} needs the {error.name} package (pip install tensorflow-datasets)"
-        ) from None
+        if error.name in (None, "tensorflow_datasets"):
+            hint = "the tensorflow_datasets package (pip install tensorflow-datasets)"
+        else:  # TensorFlow Datasets is there, one of its own imports is not
+            hint = (
+                f"TensorFlow Datasets, which cannot import {error.name} "
+                f"(pip install {error.name.split('.')[0]})"
+            )
+        raise UsageError(f"{flag} {spec!r} needs {hint}") from None
     except Exception as error:  # noqa: BLE001
         if cli.is_user_error(error):
             raise UsageError(f"{flag} {spec!r}: {error}") from None
