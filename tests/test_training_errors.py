@@ -303,6 +303,30 @@ def test_kill_after_training_before_the_run_is_recorded_complete(tiny_npz, tmp_p
     assert not (out / "backup").exists()
 
 
+def test_history_skips_rows_cut_short(tmp_path):
+    """A kill while CSVLogger wrote a row leaves it cut short, and the resumed run's
+    first row is appended to it: the run's end (history.json, curves.png) skips it."""
+    from keras_vit.commands.train import _history_from_csv
+
+    path = tmp_path / "history.csv"
+    path.write_text(
+        "epoch,accuracy,loss,val_accuracy,val_loss\n"
+        "0,0.5,1.0,0.5,1.0\n"
+        "1,0.6,0.9,0.6,0.9\n"
+        "2,0.72,2,0.7,0.8,0.7,0.8,0.7,0.8\n"  # "2,0.7" cut short, then the resumed row
+        "\n"
+        "x\n"
+    )
+    history = _history_from_csv(str(path))
+    assert history == {
+        "epoch": [0.0, 1.0],
+        "accuracy": [0.5, 0.6],
+        "loss": [1.0, 0.9],
+        "val_accuracy": [0.5, 0.6],
+        "val_loss": [1.0, 0.9],
+    }
+
+
 def test_resume_from_a_backup_needs_no_weights_file(tiny_npz, tmp_path, monkeypatch):
     """A run started from --weights and interrupted resumes from its backup, which holds
     every weight: the checkpoint file may be gone by then (a cleaned /tmp, a moved file)."""

@@ -49,7 +49,7 @@ def run(args):
         seed=args.seed,
         skip_corrupt=args.skip_corrupt,
     )
-    data = match_classes(data, model_names, classes, args)
+    data = _match_classes(data, model_names, classes, args)
     channels, model_channels = data.validation.element_spec[0].shape[-1], model.inputs[0].shape[-1]
     if channels != model_channels:
         raise UsageError(
@@ -78,7 +78,7 @@ def _numbered(names):
     return list(names) == [str(index) for index in range(len(names))]
 
 
-def match_classes(data, model_names, classes, args):
+def _match_classes(data, model_names, classes, args):
     """`data` with its labels in the model's class order, or a usage error.
 
     The data's classes are matched to the model's class names (its
@@ -119,7 +119,6 @@ def match_classes(data, model_names, classes, args):
         )
     if data.num_classes != classes:
         raise UsageError(
-            f"--data {args.data!r} has {data.num_classes} classes but the model predicts "
-            f"{classes}"
+            f"--data {args.data!r} has {data.num_classes} classes but the model predicts {classes}"
         )
     return data

@@ -418,7 +418,12 @@ def _history_from_csv(path):
     with open(path, newline="", encoding="utf-8") as file:
         rows = list(csv.DictReader(file))
     for row in rows:  # a resumed epoch appears twice: keep the last row
-        seen[int(row["epoch"])] = row
+        try:
+            epoch = int(row.get("epoch") or "")
+        except ValueError:
+            continue  # a row cut short by a kill (or joined to the next one): no epoch's
+        if None not in row:
+            seen[epoch] = row
     for epoch in sorted(seen):
         for key, value in seen[epoch].items():
             try:
