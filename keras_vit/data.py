@@ -337,11 +337,12 @@ def list_image_folder(directory, skip_corrupt=False):
         for root, folders, files in os.walk(os.path.join(directory, name)):
             folders[:] = [folder for folder in folders if not _hidden(folder)]
             candidates += [
-                os.path.join(root, file)
+                (root, file)
                 for file in files
                 if not _hidden(file) and file.lower().endswith(IMAGE_EXTENSIONS)
             ]
-        for path in sorted(candidates):
+        # By folder, then by name: the order (and so the split) of earlier versions.
+        for path in (os.path.join(root, file) for root, file in sorted(candidates)):
             error = _decode_error(path)
             if error is not None:
                 if not skip_corrupt:

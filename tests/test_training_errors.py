@@ -67,6 +67,20 @@ def test_folder_leaves_out_hidden_files_and_folders(tmp_path):
     assert list(labels[np.argsort(paths)]) == [0, 1] and skipped == []
 
 
+def test_folder_order_and_so_split_are_those_of_earlier_versions(tmp_path):
+    """Images by folder, then by name, as before hidden entries were left out: the
+    validation split of a run trained earlier stays the one `keras-vit evaluate` takes."""
+    for name in ("a/z.png", "a/sub/x.png", "a/b.png", "b/0.png"):
+        _save(str(tmp_path / name), Image.fromarray(PIXELS))
+    paths, _, _, _ = data.list_image_folder(str(tmp_path))
+    assert [os.path.relpath(p, tmp_path) for p in paths] == [
+        "a/b.png",
+        "a/z.png",
+        "a/sub/x.png",
+        "b/0.png",
+    ]
+
+
 def test_folder_reads_every_extension_in_any_case_and_every_pixel_format(tmp_path):
     """Upper-case extensions, .jpeg, .webp, CMYK JPEG, 16-bit, palette, RGBA, LA and
     animated images, a class name with spaces and accents, nested folders: all are read
