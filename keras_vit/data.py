@@ -24,6 +24,7 @@ would have seen: the augmentation seeds are drawn by position in the stream.
 import numbers
 import os
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -331,9 +332,9 @@ def list_image_folder(directory, skip_corrupt=False):
             f"The folder {directory!r} must hold one sub-folder of images per class. "
             "Received: no sub-folders"
         )
-    paths, labels, skipped, empty = [], [], [], []
+    listed = []  # (label, path), class by class
     for label, name in enumerate(class_names):
-        found, candidates = 0, []
+        candidates = []
         for root, folders, files in os.walk(os.path.join(directory, name)):
             folders[:] = [folder for folder in folders if not _hidden(folder)]
             candidates += [
@@ -342,21 +343,24 @@ def list_image_folder(directory, skip_corrupt=False):
                 if not _hidden(file) and file.lower().endswith(IMAGE_EXTENSIONS)
             ]
         # By folder, then by name: the order (and so the split) of earlier versions.
-        for path in (os.path.join(root, file) for root, file in sorted(candidates)):
-            error = _decode_error(path)
-            if error is not None:
-                if not skip_corrupt:
-                    raise ValueError(
-                        f"Cannot read the image {path}: {error}. Remove it or pass "
-                        "skip_corrupt=True (--skip-corrupt) to leave such files out."
-                    )
-                skipped.append(path)
-                continue
+        listed += [(label, os.path.join(root, file)) for root, file in sorted(candidates)]
+    # Decoding releases the GIL: the images are checked on every core, in threads.
+    with ThreadPoolExecutor(max_workers=min(32, os.cpu_count() or 1)) as pool:
+        errors = list(pool.map(_decode_error, [path for _, path in listed]))
+    paths, labels, skipped = [], [], []
+    for (label, path), error in zip(listed, errors):
+        if error is None:
             paths.append(path)
             labels.append(label)
-            found += 1
-        if not found:
-            empty.append(name)
+        elif skip_corrupt:
+            skipped.append(path)
+        else:
+            raise ValueError(
+                f"Cannot read the image {path}: {error}. Remove it or pass "
+                "skip_corrupt=True (--skip-corrupt) to leave such files out."
+            )
+    present = set(labels)
+    empty = [name for label, name in enumerate(class_names) if label not in present]
     if not paths:
         raise ValueError(f"No readable images in {directory!r} (extensions {IMAGE_EXTENSIONS})")
     if empty:
