@@ -474,3 +474,27 @@ def test_evaluate_refuses_classes_the_model_has_not(trained_folder, tmp_path, ca
     other = _npz(tmp_path / "other.npz", np.arange(3), ["cat", "emu", "fox"])
     code, _, err = _evaluate(trained_folder, other, capsys)
     assert code == 2 and "--data" in err and "'emu'" in err and "Traceback" not in err
+
+
+def test_evaluate_splits_a_folder_with_the_run_seed(trained_folder, tmp_path, monkeypatch):
+    """A run trained with --seed 5 held out another 20% of a folder than seed 0 does:
+    evaluating with seed 0 would score images it trained on."""
+    from keras_vit.commands import _common
+
+    run = tmp_path / "run"
+    shutil.copytree(trained_folder, run)
+    (run / "run.json").write_text(json.dumps({"args": {"seed": 5}, "completed": True}))
+    seeds = []
+    load_data = _common.load_data
+
+    def recording(*args, **kwargs):
+        seeds.append(kwargs.get("seed"))
+        return load_data(*args, **kwargs)
+
+    monkeypatch.setattr(_common, "load_data", recording)
+    npz = _npz(tmp_path / "d.npz", np.arange(3), ["cat", "dog", "fox"])
+    assert main(["evaluate", "--model", str(run), "--data", npz]) == 0
+    assert main(["evaluate", "--model", str(run / "model.keras"), "--data", npz]) == 0
+    assert main(["evaluate", "--model", str(run), "--data", npz, "--seed", "2"]) == 0
+    assert main(["evaluate", "--model", trained_folder, "--data", npz]) == 0  # no run.json
+    assert seeds == [5, 5, 2, 0]

@@ -16,7 +16,13 @@ def add_arguments(parser):
         "or for a folder the same 20%% validation split as training)",
     )
     parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--seed", type=int, default=0, help="split seed of digits / folder data")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="split seed of digits / folder data (default: the run's --seed, from run.json "
+        "beside the model, else 0), so that a folder is split as it was for training",
+    )
     parser.add_argument("--skip-corrupt", action="store_true")
 
 
@@ -46,7 +52,7 @@ def run(args):
     data = load_data(
         args.data,
         (height, width),
-        seed=args.seed,
+        seed=_run_seed(args.model) if args.seed is None else args.seed,
         skip_corrupt=args.skip_corrupt,
     )
     data = _match_classes(data, model_names, classes, args)
@@ -71,6 +77,20 @@ def run(args):
     loss, accuracy = model.evaluate(data_module.eval_pipeline(data, args.batch_size), verbose=0)
     print(f"{data.validation_size} images: loss {loss:.4f}, accuracy {accuracy:.4f}")
     return 0
+
+
+def _run_seed(model_path):
+    """The --seed of the training run whose folder holds the model (its run.json), else 0."""
+    import json
+    import os
+
+    folder = model_path if os.path.isdir(model_path) else os.path.dirname(model_path)
+    try:
+        with open(os.path.join(folder, "run.json"), encoding="utf-8") as file:
+            seed = json.load(file)["args"]["seed"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+    return seed if isinstance(seed, int) and not isinstance(seed, bool) else 0
 
 
 def _numbered(names):
