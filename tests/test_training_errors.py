@@ -393,6 +393,22 @@ def test_diverged_run_is_a_usage_error_that_keeps_the_good_weights(tiny_npz, tmp
         assert all(np.all(np.isfinite(w)) for w in model.get_weights())
 
 
+def test_class_names_are_written_before_training(tmp_path, monkeypatch):
+    """classes.json is there from the start: best.keras of a run killed mid-training is
+    evaluated and predicted with its class names (it was written only at the end)."""
+    from keras_vit.commands import train
+
+    def killed(*args, **kwargs):
+        raise _Killed
+
+    monkeypatch.setattr(train, "_fit", killed)
+    npz = _npz(tmp_path / "data.npz", np.arange(3), ["cat", "dog", "fox"])
+    out = tmp_path / "run"
+    with pytest.raises(_Killed):
+        main(["train", "--data", npz, *TINY_RUN, "--epochs", "1", "--output", str(out)])
+    assert json.loads((out / "classes.json").read_text()) == ["cat", "dog", "fox"]
+
+
 def test_resume_refuses_data_that_changed(tmp_path, monkeypatch, capsys):
     """--data given more images (or other classes) since the run started: another
     schedule and other batches, which a resumed run would mix with the first ones."""

@@ -224,6 +224,7 @@ RUN_ENTRIES = (
     "best.tmp.keras",
     "saved_model",
     "classes.json",
+    "classes.json.tmp",
     "history.csv",
     "history.json",
     "curves.png",
@@ -534,6 +535,8 @@ def train(args, prepare_output=None, resume=False):
         if prepare_output is not None:
             prepare_output()
         os.makedirs(work_dir, exist_ok=True)
+        if chief:  # now, for best.keras of a run that is interrupted
+            _write_class_names(output, data.class_names)
         done = _restore(model, work_dir)
     print(
         f"Training {args.model} ({model.count_params():,} parameters) on {args.data}: "
@@ -558,8 +561,6 @@ def train(args, prepare_output=None, resume=False):
     save_model_atomic(model, model_path)
     if not chief:
         return 0
-    with open(os.path.join(output, "classes.json"), "w", encoding="utf-8") as file:
-        json.dump(data.class_names, file)
     history = _history_from_csv(os.path.join(output, "history.csv"))
     with open(os.path.join(output, "history.json"), "w", encoding="utf-8") as file:
         json.dump(history, file, indent=1)
@@ -582,6 +583,13 @@ def train(args, prepare_output=None, resume=False):
     for name in ("history.csv", "history.json", "curves.png"):
         print(f"  {name:14s} {os.path.join(output, name)}")
     return 0
+
+
+def _write_class_names(output, class_names):
+    path = os.path.join(output, "classes.json")
+    with open(path + ".tmp", "w", encoding="utf-8") as file:
+        json.dump(class_names, file)
+    os.replace(path + ".tmp", path)
 
 
 def _task_index():
