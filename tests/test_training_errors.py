@@ -1,6 +1,7 @@
 """What goes wrong for a user of keras_vit.data, keras_vit.training and `keras-vit
-train / evaluate`: odd image folders, checkpoints cut short by a kill, a resumed
-run's best model, evaluation data whose classes are not the model's."""
+train / evaluate`: odd image folders, checkpoints cut short by a kill, a run that
+diverges, what --resume reads and checks, evaluation data whose classes or split
+are not the model's."""
 
 import contextlib
 import io
@@ -288,7 +289,6 @@ def test_kill_after_training_before_the_run_is_recorded_complete(tiny_npz, tmp_p
     """The backup goes only once run.json says complete: a kill in between leaves a run
     that --resume finishes (not one that trains again from step 0), and a backup that
     cannot be read is a usage error that deletes nothing."""
-
     out = tmp_path / "run"
     _kill_when_complete(monkeypatch)
     argv = ["train", "--data", tiny_npz, *TINY_RUN, "--epochs", "1", "--output", str(out)]
