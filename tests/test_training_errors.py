@@ -428,6 +428,27 @@ def test_resume_refuses_data_that_changed(tmp_path, monkeypatch, capsys):
     assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == listing
 
 
+def test_second_worker_resumes_with_the_run_arguments(tmp_path, monkeypatch):
+    """`keras-vit train --output DIR --resume` on every worker of a two-worker run: the
+    second worker took its defaults (another model) instead of the run's arguments, and
+    both workers failed on a collective op of mismatched shapes."""
+    from keras_vit.commands import train
+
+    stored = dict(model="vit-test", data="digits", image_size=16, batch_size=16, epochs=2)
+    (tmp_path / "run.json").write_text(json.dumps({"args": stored, "completed": False}))
+    cluster = {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": cluster, "task": {"index": 1}}))
+    calls = []
+    monkeypatch.setattr(train, "train", lambda args, **kwargs: calls.append((args, kwargs)) or 0)
+    assert main(["train", "--output", str(tmp_path), "--resume", "--quiet"]) == 0
+    ((args, kwargs),) = calls
+    assert {name: getattr(args, name) for name in stored} == stored
+    assert kwargs == {"resume": True}
+    (tmp_path / "run.json").write_text(json.dumps({"args": stored, "completed": True}))
+    assert main(["train", "--output", str(tmp_path), "--resume", "--quiet"]) == 0
+    assert len(calls) == 1  # a complete run: nothing to train
+
+
 @pytest.mark.parametrize(
     "missing, hint",
     [

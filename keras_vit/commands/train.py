@@ -464,6 +464,13 @@ def run(args):
     if not is_chief():  # the chief owns the output folder; others write worker-*/ in it
         if args.output is None:
             raise UsageError("multi-worker training needs the same --output on every worker")
+        if args.resume and os.path.isfile(os.path.join(args.output, RUN_FILE)):
+            # The chief's run.json, in a folder the workers share: the run's arguments,
+            # as the chief takes them (else this worker's command line must give them).
+            plan = _plan_output(args, explicit_flags(args))
+            if plan == "complete":
+                return 0
+            return train(args, resume=True)
         return train(args)
     # Nothing is written before every argument is checked, the data read and the
     # model built (with its --weights): train() calls prepare_output then.
