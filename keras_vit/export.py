@@ -385,6 +385,27 @@ def _activated(activation):
     return activation is not None and activation is not keras.activations.linear
 
 
+def output_activation(model):
+    """How the class scores of `model` are activated, if they are.
+
+    None: the output is logits (or features, without a head), and their
+    softmax is the probabilities. "dense": the head is a Dense layer with an
+    activation (e.g. `classifier_activation="softmax"` or "sigmoid"). "layer":
+    the model ends in a Softmax or Activation layer. A functional model called
+    as the last layer of another one is looked into.
+    """
+    if not has_head(model):
+        return None
+    layer = _output_layer(model)
+    if isinstance(layer, keras.layers.Dense):
+        return "dense" if _activated(getattr(layer, "activation", None)) else None
+    if isinstance(layer, keras.layers.Softmax):
+        return "layer"
+    if isinstance(layer, keras.layers.Activation) and _activated(layer.activation):
+        return "layer"
+    return None
+
+
 class _Outputs:
     """Turns a batch of model inputs into the dict the signatures return."""
 
@@ -397,16 +418,8 @@ class _Outputs:
         # How the logits are had when the output is already activated: "dense",
         # a head Dense with an activation (recomputed from its input, kernel and
         # bias); "layer", a final Softmax or Activation layer (its input).
-        self.head, self.activated = None, None
-        head = _output_layer(model)
-        if self.has_head and isinstance(head, keras.layers.Dense):
-            if _activated(getattr(head, "activation", None)):
-                self.head, self.activated = head, "dense"
-        elif self.has_head and isinstance(head, keras.layers.Softmax):
-            self.activated = "layer"
-        elif self.has_head and isinstance(head, keras.layers.Activation):
-            if _activated(head.activation):
-                self.activated = "layer"
+        self.activated = output_activation(model)
+        self.head = _output_layer(model) if self.activated == "dense" else None
         if self.activated is not None:
             # One pass giving both the last layer's input and the model's output.
             self.model = _with_last_input(model)
@@ -753,9 +766,16 @@ def find_trained(path, argument="path"):
     if os.path.isdir(path):
         directory, model_file = path, os.path.join(path, MODEL_FILE)
         if not os.path.isfile(model_file):
+            best = os.path.join(path, "best.keras")
+            hint = (
+                f" It holds best.keras, the best model of a run that has not ended (or was "
+                f"interrupted): pass {best!r} to use it."
+                if os.path.isfile(best)
+                else ""
+            )
             raise FileNotFoundError(
                 f"No {MODEL_FILE} in the folder {path!r}: pass a .keras file or a training "
-                f"output folder holding {MODEL_FILE}. Received: {argument}={path!r}"
+                f"output folder holding {MODEL_FILE}.{hint} Received: {argument}={path!r}"
             )
     elif os.path.isfile(path):
         if not path.endswith(".keras"):

@@ -394,3 +394,15 @@ def test_load_trained_refuses_repeated_names_and_drops_names_without_a_head(tiny
     # What load_trained gives is what export_saved_model takes.
     export_saved_model(features, tmp_path / "exported", class_names=class_names)
     assert (tmp_path / "exported" / "saved_model.pb").exists()
+
+
+def test_find_trained_points_at_the_best_model_of_a_run_without_model_keras(tmp_path):
+    from keras_vit.export import find_trained
+
+    (tmp_path / "best.keras").write_bytes(b"")
+    with pytest.raises(FileNotFoundError, match=r"No model.keras .*holds best.keras.*best.keras'"):
+        find_trained(tmp_path, argument="--model")
+    (tmp_path / "best.keras").unlink()
+    with pytest.raises(FileNotFoundError) as raised:
+        find_trained(tmp_path, argument="--model")
+    assert "best.keras" not in str(raised.value)

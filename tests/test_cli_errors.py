@@ -450,6 +450,37 @@ def test_predict_does_not_apply_softmax_twice(tmp_path):
     )
 
 
+def test_predict_scores_wrapped_models_and_final_softmax_layers_once(tmp_path):
+    from keras_vit.commands import _common
+    from keras_vit.commands.predict import predict_files
+
+    inputs = keras.Input((8, 8, 3))
+    ending_in_softmax = keras.Model(
+        inputs, keras.layers.Softmax()(with_random_head(tiny_vit())(inputs))
+    )
+    wrapped_softmax_head = keras.Sequential(
+        [
+            keras.Input((8, 8, 3)),
+            keras.layers.Identity(),
+            with_random_head(tiny_vit(classifier_activation="softmax")),
+        ]
+    )
+    scaled = np.full((1, 8, 8, 3), 200 / 127.5 - 1.0, np.float32)
+    image = png(tmp_path / "x.png")
+    for model in (ending_in_softmax, wrapped_softmax_head):
+        assert _common.num_classes(model) == 3
+        expected = np.asarray(model.predict(scaled, verbose=0))[0]
+        assert expected.max() - expected.min() > 1e-3  # the scores tell the classes apart
+        ((_, best),) = predict_files(model, [image], top_k=3)
+        np.testing.assert_allclose(
+            sorted((p for _, p in best), reverse=True), np.sort(expected)[::-1], rtol=1e-5
+        )
+    headless = keras.Sequential([keras.Input((8, 8, 3)), tiny_vit(num_classes=0)])
+    assert _common.num_classes(headless) is None
+    with pytest.raises(cli.UsageError, match="no classification head"):
+        _common.class_probabilities(headless, scaled)
+
+
 def test_python_m_keras_vit_cli_reports_usage_errors(tmp_path):
     import subprocess
     import sys

@@ -83,7 +83,9 @@ def load_keras_file(file, flag="--model", **kwargs):
 
 def num_classes(model):
     """The classes a model predicts (its head's units), or None without a head."""
-    if "head" not in {layer.name for layer in model.layers}:
+    from keras_vit import export
+
+    if not export.has_head(model):
         return None
     return model.outputs[0].shape[-1]
 
@@ -258,17 +260,18 @@ def model_images(images, size, channels):
 
 
 def class_probabilities(model, images, batch_size=32):
-    """Class scores of scaled `images`: softmax of the logits, or the head's own
-    activation's output (softmax, sigmoid, ...) when it has one."""
-    import keras
+    """Class scores of scaled `images`: softmax of the logits, or the model's own
+    output when it is already activated (a head with an activation such as
+    softmax or sigmoid, or a final Softmax or Activation layer), as the
+    exported SavedModel's `probabilities`."""
     import numpy as np
 
-    names = [layer.name for layer in model.layers]
-    if "head" not in names:
+    from keras_vit import export
+
+    if not export.has_head(model):
         raise UsageError("the model has no classification head (num_classes=0)")
     outputs = np.asarray(model.predict(images, batch_size=batch_size, verbose=0), dtype="float64")
-    activation = getattr(model.get_layer("head"), "activation", None)
-    if activation not in (None, keras.activations.linear):
+    if export.output_activation(model) is not None:
         return outputs
     outputs = np.exp(outputs - outputs.max(axis=-1, keepdims=True))
     return outputs / outputs.sum(axis=-1, keepdims=True)
