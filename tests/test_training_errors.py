@@ -157,12 +157,16 @@ def _compiled_model():
     return model
 
 
+def _callback(kind, output, model):
+    """The callback of class `kind` among build_callbacks(output)'s, set to `model`."""
+    callback = next(c for c in training.build_callbacks(str(output)) if isinstance(c, kind))
+    callback.set_model(model)
+    return callback
+
+
 def test_backup_killed_while_written_keeps_the_previous_one(tmp_path, monkeypatch):
     model = _compiled_model()
-    callback = next(
-        c for c in training.build_callbacks(str(tmp_path)) if isinstance(c, keras.callbacks.BackupAndRestore)
-    )  # fmt: skip
-    callback.set_model(model)
+    callback = _callback(keras.callbacks.BackupAndRestore, tmp_path, model)
     callback._save_model()
     path = tmp_path / "backup" / "latest.weights.h5"
     before = path.read_bytes()
@@ -176,10 +180,7 @@ def test_backup_killed_while_written_keeps_the_previous_one(tmp_path, monkeypatc
 
 def test_best_model_killed_while_written_keeps_the_previous_one(tmp_path, monkeypatch):
     model = _compiled_model()
-    callback = next(
-        c for c in training.build_callbacks(str(tmp_path)) if isinstance(c, keras.callbacks.ModelCheckpoint)
-    )  # fmt: skip
-    callback.set_model(model)
+    callback = _callback(keras.callbacks.ModelCheckpoint, tmp_path, model)
     callback.on_epoch_end(0, {"val_accuracy": 0.5})
     path = tmp_path / "best.keras"
     before = path.read_bytes()
@@ -195,12 +196,8 @@ def test_weights_made_nan_by_a_step_are_not_checkpointed(tmp_path):
     """An update can turn the weights NaN while the step's loss, computed before it, is
     still finite: neither the backup nor best.keras takes such weights."""
     model = _compiled_model()
-    backup, best = (
-        next(c for c in training.build_callbacks(str(tmp_path)) if isinstance(c, kind))
-        for kind in (keras.callbacks.BackupAndRestore, keras.callbacks.ModelCheckpoint)
-    )
-    for callback in (backup, best):
-        callback.set_model(model)
+    backup = _callback(keras.callbacks.BackupAndRestore, tmp_path, model)
+    best = _callback(keras.callbacks.ModelCheckpoint, tmp_path, model)
     backup._save_model()
     best.on_epoch_end(0, {"loss": 1.0, "val_accuracy": 0.5})
     saved = [(tmp_path / name).read_bytes() for name in ("backup/latest.weights.h5", "best.keras")]
