@@ -517,10 +517,15 @@ def _finite_weights(model):
 
 
 class StepBackupAndRestore(keras.callbacks.BackupAndRestore):
-    """BackupAndRestore that records the current epoch in mid-epoch backups too.
+    """BackupAndRestore that records the current epoch in mid-epoch backups too,
+    and backs up at each epoch's end as well as every `save_freq` steps.
 
     The global step is the optimizer's `iterations` (restored with the weights),
-    from which `keras_vit.commands.train` resumes mid-epoch.
+    from which `keras_vit.commands.train` resumes mid-epoch. Like Keras', this
+    callback loads its backup when `fit` begins: a resumed run first finishes
+    the interrupted epoch in one `fit` and trains the rest in another, and the
+    second must find the state the first ended with, not an older mid-epoch
+    backup (which would undo the first's steps).
     """
 
     def on_epoch_begin(self, epoch, logs=None):
@@ -534,7 +539,9 @@ class StepBackupAndRestore(keras.callbacks.BackupAndRestore):
 
     def on_epoch_end(self, epoch, logs=None):
         if _finite_loss(logs):
-            super().on_epoch_end(epoch, logs)
+            super().on_epoch_end(epoch, logs)  # saves when save_freq is "epoch"
+            if self.save_freq != "epoch":
+                self._save_model()
 
     def _save_model(self):
         """Writes the weights, then the metadata, each to a temporary file renamed over
@@ -601,8 +608,9 @@ def build_callbacks(
     csv_append=False,
     best_value=None,
 ):
-    """BackupAndRestore (every `backup_steps` steps, counted over the epochs), best
-    checkpoint, CSVLogger, TerminateOnNaN and optionally TensorBoard, all under `output`.
+    """BackupAndRestore (every `backup_steps` steps, counted over the epochs, and at
+    each epoch's end), best checkpoint, CSVLogger, TerminateOnNaN and optionally
+    TensorBoard, all under `output`.
 
     Every checkpoint (backup, best.keras) is written to a temporary file and renamed.
     `best_value`: the best validation accuracy of the epochs before (a resumed run),

@@ -126,12 +126,17 @@ def _weights(folder):
 
 
 def test_sigkill_mid_epoch_then_resume_matches_uninterrupted(npz, tmp_path):
-    """6 steps per epoch, 2 epochs; backups every 4 steps; killed after step 9 (epoch 2)."""
-    common = ["train", "--data", npz, *TINY, "--epochs", "2", "--backup-steps", "4"]
+    """6 steps per epoch, 3 epochs; backups every 5 steps; killed after step 11 (epoch 2).
+
+    The resumed run finishes epoch 2 from the step-10 backup (2 steps, too few for
+    a step backup), then trains epoch 3: that second part must start from the end
+    of epoch 2, not from the step-10 backup again.
+    """
+    common = ["train", "--data", npz, *TINY, "--epochs", "3", "--backup-steps", "5"]
     straight, killed = str(tmp_path / "straight"), str(tmp_path / "killed")
     result = _cli(*common, "--output", straight)
     assert result.returncode == 0, result.stderr[-2000:]
-    result = _cli(*common, "--output", killed, KERAS_VIT_KILL_AT_STEP="9")
+    result = _cli(*common, "--output", killed, KERAS_VIT_KILL_AT_STEP="11")
     assert result.returncode == -9, result.stderr[-2000:]
     with open(os.path.join(killed, "backup", "training_metadata.json")) as file:
         assert json.load(file)["epoch"] == 1  # the backup is mid-epoch 2
@@ -140,11 +145,11 @@ def test_sigkill_mid_epoch_then_resume_matches_uninterrupted(npz, tmp_path):
     assert refused.returncode == 2 and "--resume" in refused.stderr
     result = _cli("train", "--output", killed, "--resume", "--quiet")
     assert result.returncode == 0, result.stderr[-2000:]
-    assert "resuming at step 8" in result.stdout
+    assert "resuming at step 10" in result.stdout
     for a, b in zip(_weights(straight), _weights(killed), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     with open(os.path.join(killed, "history.json")) as file:
-        assert len(json.load(file)["loss"]) == 2
+        assert len(json.load(file)["loss"]) == 3
 
 
 def test_train_writes_outputs_then_evaluate_and_predict(npz, tmp_path):

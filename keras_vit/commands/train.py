@@ -155,7 +155,7 @@ def add_arguments(parser):
         "--backup-steps",
         type=_positive_int,
         default=20,
-        help="save a resumable backup every N steps (default 20)",
+        help="save a resumable backup every N steps (default 20) and at each epoch's end",
     )
     parser.add_argument(
         "--jit-compile",
