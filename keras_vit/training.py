@@ -503,6 +503,33 @@ def is_chief():
 # Callbacks ---------------------------------------------------------------------
 
 
+def write_atomic(path, write):
+    """Calls `write(temporary)` for a temporary file beside `path`, then renames it to
+    `path`: a process killed while writing leaves the file at `path` as it was.
+
+    The temporary name keeps the extension Keras checks (NAME.tmp.keras,
+    NAME.tmp.weights.h5, NAME.tmp.h5); other files get ".tmp" appended.
+    """
+    for extension in (".weights.h5", ".keras", ".h5"):
+        if path.endswith(extension):
+            temporary = path[: -len(extension)] + ".tmp" + extension
+            break
+    else:
+        temporary = path + ".tmp"
+    write(temporary)
+    os.replace(temporary, path)
+
+
+def write_json_atomic(path, value, indent=None):
+    """`value` as JSON at `path`, written as `write_atomic` writes."""
+
+    def write(temporary):
+        with open(temporary, "w", encoding="utf-8") as file:
+            json.dump(value, file, indent=indent)
+
+    write_atomic(path, write)
+
+
 def _finite_loss(logs):
     """False when `logs` hold a NaN or infinite loss (what TerminateOnNaN stops on)."""
     loss = (logs or {}).get("loss")
@@ -550,13 +577,9 @@ class StepBackupAndRestore(keras.callbacks.BackupAndRestore):
         if not _finite_weights(self.model):
             return
         os.makedirs(self.backup_dir, exist_ok=True)
-        temporary = self._weights_path[: -len(".weights.h5")] + ".tmp.weights.h5"
-        self.model.save_weights(temporary, overwrite=True)
-        os.replace(temporary, self._weights_path)
+        write_atomic(self._weights_path, lambda file: self.model.save_weights(file, overwrite=True))
         metadata = {"epoch": self._current_epoch, "batch": self._last_batch_seen}
-        with open(self._training_metadata_path + ".tmp", "w", encoding="utf-8") as file:
-            json.dump(metadata, file)
-        os.replace(self._training_metadata_path + ".tmp", self._training_metadata_path)
+        write_json_atomic(self._training_metadata_path, metadata)
 
     def _load_model(self):
         super()._load_model()
@@ -578,14 +601,8 @@ class BestCheckpoint(keras.callbacks.ModelCheckpoint):
         directory = os.path.dirname(filepath)
         if directory:
             os.makedirs(directory, exist_ok=True)
-        stem, extension = os.path.splitext(filepath)
-        temporary = stem + ".tmp" + extension
-        if self.save_weights_only:
-            temporary = filepath[: -len(".weights.h5")] + ".tmp.weights.h5"
-            self.model.save_weights(temporary, overwrite=True)
-        else:
-            self.model.save(temporary, overwrite=True)
-        os.replace(temporary, filepath)
+        save = self.model.save_weights if self.save_weights_only else self.model.save
+        write_atomic(filepath, lambda file: save(file, overwrite=True))
 
 
 class KillAtStep(keras.callbacks.Callback):

@@ -376,10 +376,9 @@ def _write_run_file(args, completed, extra=None):
     if getattr(args, "_data_summary", None) is not None:
         record["data"] = args._data_summary
     record.update(extra or {})
-    path = os.path.join(args.output, RUN_FILE)
-    with open(path + ".tmp", "w", encoding="utf-8") as file:
-        json.dump(record, file, indent=2)
-    os.replace(path + ".tmp", path)
+    from keras_vit.training import write_json_atomic
+
+    write_json_atomic(os.path.join(args.output, RUN_FILE), record, indent=2)
 
 
 def build_model(name, image_size, num_classes, num_channels=3, dropout=0.0, remat=False):
@@ -401,13 +400,6 @@ def build_model(name, image_size, num_classes, num_channels=3, dropout=0.0, rema
         dropout_rate=dropout,
         remat=remat,
     )
-
-
-def save_model_atomic(model, path):
-    """model.save to a temporary file beside `path`, then rename."""
-    temporary = path[: -len(".keras")] + ".tmp.keras"
-    model.save(temporary)
-    os.replace(temporary, path)
 
 
 def _history_from_csv(path):
@@ -543,7 +535,7 @@ def train(args, prepare_output=None, resume=False):
             prepare_output()
         os.makedirs(work_dir, exist_ok=True)
         if chief:  # now, for best.keras of a run that is interrupted
-            _write_class_names(output, data.class_names)
+            training.write_json_atomic(os.path.join(output, "classes.json"), data.class_names)
         done = _restore(model, work_dir)
     print(
         f"Training {args.model} ({model.count_params():,} parameters) on {args.data}: "
@@ -565,7 +557,7 @@ def train(args, prepare_output=None, resume=False):
 
     loss, accuracy = model.evaluate(validation, verbose=0)
     model_path = os.path.join(work_dir, "model.keras")
-    save_model_atomic(model, model_path)
+    training.write_atomic(model_path, model.save)
     if not chief:
         return 0
     history = _history_from_csv(os.path.join(output, "history.csv"))
@@ -590,13 +582,6 @@ def train(args, prepare_output=None, resume=False):
     for name in ("history.csv", "history.json", "curves.png"):
         print(f"  {name:14s} {os.path.join(output, name)}")
     return 0
-
-
-def _write_class_names(output, class_names):
-    path = os.path.join(output, "classes.json")
-    with open(path + ".tmp", "w", encoding="utf-8") as file:
-        json.dump(class_names, file)
-    os.replace(path + ".tmp", path)
 
 
 def _task_index():
