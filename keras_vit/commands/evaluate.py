@@ -80,16 +80,18 @@ def run(args):
 
 
 def _run_seed(model_path):
-    """The --seed of the training run whose folder holds the model (its run.json), else 0."""
-    import json
+    """The --seed of the training run whose folder holds the model (its run.json), else 0
+    (also when run.json cannot be read: evaluate does not need it)."""
     import os
+
+    from keras_vit.commands.train import read_run_file
 
     folder = model_path if os.path.isdir(model_path) else os.path.dirname(model_path)
     try:
-        with open(os.path.join(folder, "run.json"), encoding="utf-8") as file:
-            seed = json.load(file)["args"]["seed"]
-    except (OSError, ValueError, KeyError, TypeError):
+        stored = read_run_file(folder)
+    except UsageError:
         return 0
+    seed = (stored or {"args": {}})["args"].get("seed")
     return seed if isinstance(seed, int) and not isinstance(seed, bool) else 0
 
 

@@ -234,7 +234,7 @@ RUN_ENTRIES = (
 )
 
 
-def _read_run_file(output):
+def read_run_file(output):
     """The record of the run in `output` (run.json), or None when there is none."""
     path = os.path.join(output, RUN_FILE)
     if not os.path.isfile(path):
@@ -285,7 +285,7 @@ def _plan_output(args, typed):
         folder = os.path.dirname(folder)
     if not os.path.isdir(folder) or not os.access(folder, os.W_OK | os.X_OK):
         raise UsageError(f"--output {output!r} cannot be written: {folder!r} is not writable")
-    stored = _read_run_file(output)
+    stored = read_run_file(output)
     if args.resume:
         if stored is None:
             raise UsageError(f"--resume: {output!r} is not a training run (no {RUN_FILE})")
@@ -601,7 +601,7 @@ def _data_summary(data):
 def _check_same_data(args):
     """A usage error when --data now gives other images or classes than when the run
     started (run.json of earlier versions records none: not checked)."""
-    before = (_read_run_file(args.output) or {}).get("data")
+    before = (read_run_file(args.output) or {}).get("data")
     now = args._data_summary
     if not isinstance(before, dict) or before == now:
         return
