@@ -169,7 +169,11 @@ def test_overwrite_removes_the_runs_files_and_keeps_the_others(capsys, tmp_path)
     (out / "backup" / "latest.weights.h5").write_text("x")
     args = argparse.Namespace(output=str(out), **{n: None for n in train_command.STORED})
     args.epochs = 1
-    train_command._commit_output(args, "overwrite")
+    lock = train_command.OutputLock()
+    train_command._commit_output(args, "overwrite", lock)
+    assert lock.held  # taken before anything is removed, kept while the run writes
+    assert sorted(os.listdir(out)) == [train_command.LOCK_FILE, "notes.txt", "run.json"]
+    lock.release()
     assert sorted(os.listdir(out)) == ["notes.txt", "run.json"]
     assert "notes.txt" in capsys.readouterr().out
     with open(out / "run.json", encoding="utf-8") as file:

@@ -141,11 +141,13 @@ def test_sigkill_mid_epoch_then_resume_matches_uninterrupted(npz, tmp_path):
     with open(os.path.join(killed, "backup", "training_metadata.json")) as file:
         assert json.load(file)["epoch"] == 1  # the backup is mid-epoch 2
     assert not os.path.exists(os.path.join(killed, "model.keras"))
+    assert os.path.exists(os.path.join(killed, ".keras-vit-train.lock"))  # unlocked by the kill
     refused = _cli(*common, "--output", killed)
     assert refused.returncode == 2 and "--resume" in refused.stderr
     result = _cli("train", "--output", killed, "--resume", "--quiet")
     assert result.returncode == 0, result.stderr[-2000:]
     assert "resuming at step 10" in result.stdout
+    assert not os.path.exists(os.path.join(killed, ".keras-vit-train.lock"))
     for a, b in zip(_weights(straight), _weights(killed), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     with open(os.path.join(killed, "history.json")) as file:

@@ -5,9 +5,11 @@ With no arguments it trains a small ViT on scikit-learn's bundled digits
 classes.json, history.csv, history.json, curves.png and best.keras.
 """
 
+import errno
 import json
 import os
 import shutil
+import socket
 import time
 
 from keras_vit.cli import UsageError
@@ -21,6 +23,8 @@ PRESETS = {
 }
 DEFAULT_MODEL = "vit-digits"
 RUN_FILE = "run.json"
+# Locked (flock) by the process that writes a run folder, removed when it ends.
+LOCK_FILE = ".keras-vit-train.lock"
 # Arguments stored in run.json and reused by --resume.
 STORED = (
     "model",
@@ -251,6 +255,119 @@ def read_run_file(output):
     return stored
 
 
+class OutputLock:
+    """An exclusive lock on a run folder while one `keras-vit train` process writes it.
+
+    It is an flock on LOCK_FILE in the folder, which the system releases when the
+    process ends, killed or not: a second run on the folder is refused while the
+    first is alive, and never after. The file is removed when the lock is
+    released; one left by a killed process is locked again by the next run. Where
+    the system has no flock (Windows) or the file system refuses it, runs are not
+    locked.
+    """
+
+    def __init__(self):
+        self._file = None
+        self._path = None
+
+    @property
+    def held(self):
+        return self._file is not None
+
+    def acquire(self, folder):
+        """Locks `folder` (which exists), or raises UsageError naming the holder."""
+        try:
+            import fcntl
+        except ImportError:  # Windows
+            return
+        if self._file is not None:
+            return
+        path = os.path.join(folder, LOCK_FILE)
+        while True:
+            try:
+                file = open(path, "a+", encoding="utf-8")
+            except OSError as error:
+                raise UsageError(
+                    f"--output {folder!r} cannot be written: {error.strerror or error}"
+                ) from None
+            try:
+                fcntl.flock(file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as error:
+                file.seek(0)
+                holder = file.read().strip() or "a process that has not said which yet"
+                file.close()
+                if error.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    raise UsageError(
+                        f"another keras-vit train ({holder}) is writing {folder!r}; wait until "
+                        "it ends, or choose another --output"
+                    ) from None
+                print(
+                    f"Note: {folder!r} cannot be locked ({error.strerror or error}), so a "
+                    "second keras-vit train on it would not be refused"
+                )
+                return
+            try:  # the file locked must still be the one named: a holder removes it
+                same = os.path.samestat(os.fstat(file.fileno()), os.stat(path))
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            file.close()
+        file.seek(0)
+        file.truncate()
+        file.write(f"process {os.getpid()} on {socket.gethostname()}\n")
+        file.flush()
+        self._file, self._path = file, path
+
+    def release(self):
+        if self._file is None:
+            return
+        try:  # removed while still locked, so no other process locks this file after
+            os.remove(self._path)
+        except OSError:
+            pass
+        self._file.close()  # closing the only descriptor releases the flock
+        self._file = self._path = None
+
+
+def _entries(folder):
+    """What `folder` holds, less the lock file."""
+    return sorted(entry for entry in os.listdir(folder) if entry != LOCK_FILE)
+
+
+def _default_output():
+    """runs/vit-<timestamp>, with -2, -3, ... when runs started in the same second."""
+    base = os.path.join("runs", time.strftime("vit-%Y%m%d-%H%M%S"))
+    candidate, number = base, 1
+    while os.path.exists(candidate):
+        number += 1
+        candidate = f"{base}-{number}"
+    return candidate
+
+
+def _make_output(args, lock):
+    """Creates and locks args.output, a folder that did not exist when the run was planned.
+
+    A default output taken meanwhile by a run started in the same second moves on
+    to the next free name; a given one made meanwhile is used if it is empty.
+    """
+    os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
+    while True:
+        try:
+            os.mkdir(args.output)
+            break
+        except FileExistsError:
+            if not getattr(args, "_default_output", False):
+                break
+            args.output = _default_output()
+    lock.acquire(args.output)
+    if _entries(args.output):
+        raise UsageError(
+            f"--output {args.output!r} was made and written by another process while this "
+            "run was getting ready; nothing was written. Choose another --output"
+        )
+
+
 def _flag(name, value):
     flag = "--" + name.replace("_", "-")
     return flag if value is True else f"{flag} {value}"  # True: a switch such as --mixup
@@ -276,7 +393,8 @@ def _plan_output(args, typed):
     if args.output is None:
         if args.resume:
             raise UsageError("--resume needs --output, the folder of the run to continue")
-        args.output = os.path.join("runs", time.strftime("vit-%Y%m%d-%H%M%S"))
+        args.output = _default_output()
+        args._default_output = True
     output = args.output
     if os.path.exists(output) and not os.path.isdir(output):
         raise UsageError(f"--output must be a folder. Received: {output!r} (a file)")
@@ -322,7 +440,7 @@ def _plan_output(args, typed):
             if name in before:
                 setattr(args, name, before[name])
         return "complete" if completed else "resume"
-    if os.path.isdir(output) and os.listdir(output):
+    if os.path.isdir(output) and _entries(output):
         if not args.overwrite:
             hint = "pass --resume to continue it, " if stored is not None else ""
             raise UsageError(
@@ -333,19 +451,32 @@ def _plan_output(args, typed):
             raise UsageError(
                 f"--overwrite replaces only the folder of an earlier keras-vit train run (one "
                 f"with {RUN_FILE}); {output!r} holds other files "
-                f"({', '.join(sorted(os.listdir(output))[:5])}), so nothing was deleted. Choose "
+                f"({', '.join(_entries(output)[:5])}), so nothing was deleted. Choose "
                 "another --output, or empty the folder yourself"
             )
         return "overwrite"
     return "new"
 
 
-def _commit_output(args, plan):
-    """Carries out `_plan_output`'s plan, once every argument has been checked."""
+def _commit_output(args, plan, lock):
+    """Carries out `_plan_output`'s plan, once every argument has been checked.
+
+    `lock` (an OutputLock) holds the folder from here on, if it does not already.
+    """
+    if plan in ("new", "overwrite") and not lock.held:
+        try:
+            if os.path.isdir(args.output):
+                lock.acquire(args.output)
+            else:
+                _make_output(args, lock)
+        except OSError as error:
+            raise UsageError(
+                f"--output {args.output!r}: cannot create the folder ({error.strerror or error})"
+            ) from None
     output = args.output
     if plan == "overwrite":
         kept = []
-        for entry in sorted(os.listdir(output)):
+        for entry in _entries(output):
             path = os.path.join(output, entry)
             if entry == RUN_FILE:  # replaced below, last, so the folder stays a run's
                 continue
@@ -362,12 +493,6 @@ def _commit_output(args, plan):
                 + (", ..." if len(kept) > 10 else "")
             )
     if plan in ("new", "overwrite"):
-        try:
-            os.makedirs(output, exist_ok=True)
-        except OSError as error:
-            raise UsageError(
-                f"--output {output!r}: cannot create the folder ({error.strerror or error})"
-            ) from None
         _write_run_file(args, completed=False)
 
 
@@ -465,20 +590,31 @@ def run(args):
             return train(args, resume=True)
         return train(args)
     # Nothing is written before every argument is checked, the data read and the
-    # model built (with its --weights): train() calls prepare_output then.
-    plan = _plan_output(args, explicit_flags(args))
-    if plan == "complete":
-        print(f"The run in {args.output} is already complete.")
-        return 0
-    if plan == "resume":
-        try:
-            _check_args(args, weights=not _has_backup(args.output))
-        except UsageError as error:
-            raise UsageError(
-                f"the run in {args.output!r} was started with arguments that are not valid "
-                f"now: {error}"
-            ) from None
-    return train(args, prepare_output=lambda: _commit_output(args, plan), resume=plan == "resume")
+    # model built (with its --weights): train() calls prepare_output then. A folder
+    # that exists is locked first, so that no other run writes it meanwhile.
+    lock = OutputLock()
+    try:
+        if args.output is not None and os.path.isdir(args.output):
+            lock.acquire(args.output)
+        plan = _plan_output(args, explicit_flags(args))
+        if plan == "complete":
+            print(f"The run in {args.output} is already complete.")
+            return 0
+        if plan == "resume":
+            try:
+                _check_args(args, weights=not _has_backup(args.output))
+            except UsageError as error:
+                raise UsageError(
+                    f"the run in {args.output!r} was started with arguments that are not valid "
+                    f"now: {error}"
+                ) from None
+        return train(
+            args,
+            prepare_output=lambda: _commit_output(args, plan, lock),
+            resume=plan == "resume",
+        )
+    finally:
+        lock.release()
 
 
 def train(args, prepare_output=None, resume=False):
@@ -532,7 +668,9 @@ def train(args, prepare_output=None, resume=False):
             jit_compile=_jit_compile(args.jit_compile),
         )
         if prepare_output is not None:
-            prepare_output()
+            prepare_output()  # may move a default --output on to a free name
+            output = args.output
+            work_dir = output if chief else os.path.join(output, f"worker-{_task_index()}")
         os.makedirs(work_dir, exist_ok=True)
         if chief:  # now, for best.keras of a run that is interrupted
             training.write_json_atomic(os.path.join(output, "classes.json"), data.class_names)
