@@ -714,7 +714,8 @@ def train(args, prepare_output=None, resume=False):
     # Only once the run is recorded as complete: killed before, it resumes from the backup.
     shutil.rmtree(os.path.join(output, "backup"), ignore_errors=True)
     del tf
-    print(f"Final validation accuracy: {accuracy:.4f} (loss {loss:.4f})")
+    smoothing = f", with label smoothing {args.label_smoothing:g}" if args.label_smoothing else ""
+    print(f"Final validation accuracy: {accuracy:.4f} (loss {loss:.4f}{smoothing})")
     for name in ("model.keras", "saved_model", "best.keras", "classes.json"):
         print(f"  {name:14s} {os.path.join(output, name)}")
     for name in ("history.csv", "history.json", "curves.png"):
