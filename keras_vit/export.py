@@ -31,6 +31,7 @@ import json
 import numbers
 import os
 import shutil
+import socket
 import tempfile
 import uuid
 
@@ -286,17 +287,62 @@ def _check_parent(path, argument):
         )
 
 
+def _tag(kind):
+    """`kind` (partial, previous) with this host, process and a random part: a hidden
+    name that a later export can tell left over by a process that died."""
+    return f"{kind}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+
+
 def _sibling(path):
     """A new hidden name beside `path`, on the same file system (for an atomic rename)."""
     path = os.path.normpath(os.path.abspath(path))
     parent, name = os.path.split(path)
     os.makedirs(parent, exist_ok=True)
-    return os.path.join(parent, f".{name}.partial-{uuid.uuid4().hex[:12]}")
+    return os.path.join(parent, f".{name}.{_tag('partial')}")
 
 
-def _hidden_inside(path, tag):
+def _hidden_inside(path, kind):
     """A new hidden name inside the directory `path`."""
-    return os.path.join(path, f".{tag}-{uuid.uuid4().hex[:12]}")
+    return os.path.join(path, f".{_tag(kind)}")
+
+
+def _remove_left_over(path):
+    """After an export to `path` succeeded: removes the hidden entries that exports
+    to `path` killed half-way left beside it and inside it, those named with this
+    host and a process that is no longer running. Others' are kept."""
+    path = os.path.normpath(os.path.abspath(path))
+    parent, name = os.path.split(path)
+    _remove_dead(parent, f".{name}.partial-")
+    if os.path.isdir(path):
+        _remove_dead(path, ".partial-")
+        _remove_dead(path, ".previous-")
+
+
+def _remove_dead(folder, prefix):
+    """Removes the entries `prefix`HOST-PID-RANDOM of `folder` whose process, of this
+    host, no longer runs."""
+    if os.name != "posix":  # os.kill(pid, 0) tells whether a process lives on POSIX only
+        return
+    try:
+        names = [name for name in os.listdir(folder) if name.startswith(prefix)]
+    except OSError:
+        return
+    host = socket.gethostname()
+    for name in names:
+        parts = name[len(prefix) :].rsplit("-", 2)
+        if len(parts) != 3 or parts[0] != host or not parts[1].isdigit():
+            continue
+        try:
+            os.kill(int(parts[1]), 0)
+            continue  # alive (or another user's: PermissionError below)
+        except ProcessLookupError:
+            pass
+        except OSError:
+            continue
+        try:
+            _remove(os.path.join(folder, name))
+        except OSError:
+            pass
 
 
 def _proto_last(names):
@@ -330,6 +376,7 @@ def _write_saved_model(archive, path):
             os.rename(staging, path)  # one step: the SavedModel is there whole, or not at all
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+    _remove_left_over(path)
 
 
 def _move_in(staging, path):
@@ -381,6 +428,7 @@ def _write_file(path, data):
         if os.path.exists(partial):
             os.remove(partial)
         raise
+    _remove_left_over(path)
 
 
 # The serving computation ----------------------------------------------------

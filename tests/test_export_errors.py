@@ -267,6 +267,55 @@ def test_an_overwrite_never_pairs_a_graph_with_other_variables(tmp_path, monkeyp
     np.testing.assert_allclose(serve_float(str(folder), images)["logits"], expected, atol=1e-5)
 
 
+KILLED_EXPORT = r"""
+import os, signal, sys
+import keras_vit
+from keras_vit import export
+model = keras_vit.VisionTransformer(image_size=32, patch_size=8, num_layers=1, num_heads=2,
+                                    hidden_dim=16, mlp_dim=32, num_classes=5)
+# Killed once the new SavedModel is written aside, before it is moved in.
+export._move_in = lambda staging, path: os.kill(os.getpid(), signal.SIGKILL)
+export.export_saved_model(model, sys.argv[1], overwrite=True)
+"""
+
+
+def test_what_killed_exports_left_is_removed_by_the_next_export(tmp_path):
+    import socket
+    import subprocess
+    import sys
+
+    folder = tmp_path / "served"
+    model = tiny_model()
+    export_saved_model(model, str(folder))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND="tensorflow", PYTHONPATH=root)
+    killed = subprocess.Popen([sys.executable, "-c", KILLED_EXPORT, str(folder)], env=env)
+    assert killed.wait(timeout=240) == -9
+    host, dead = socket.gethostname(), killed.pid
+    (partial,) = [name for name in os.listdir(folder) if name.startswith(".partial-")]
+    assert partial.startswith(f".partial-{host}-{dead}-")
+    assert (folder / partial / "saved_model.pb").exists()  # a whole export, left hidden
+    left = [  # what other dead exports of this host leave: the old entries, a new target
+        folder / f".previous-{host}-{dead}-0123456789ab" / "variables",
+        tmp_path / f".served.partial-{host}-{dead}-0123456789ab" / "variables",
+    ]
+    kept = [  # a live process's, another host's, and an older version's names
+        folder / f".partial-{host}-{os.getpid()}-0123456789ab",
+        folder / f".partial-{host}x-{dead}-0123456789ab",
+        folder / ".previous-0123456789ab",
+        tmp_path / f".served2.partial-{host}-{dead}-0123456789ab",
+    ]
+    for path in left + kept:
+        path.mkdir(parents=True)
+    export_saved_model(model, str(folder), overwrite=True)
+    assert not (folder / partial).exists()
+    assert [path for path in left if path.parent.exists()] == []
+    assert all(path.exists() for path in kept)
+    images = float_images()
+    expected = keras.ops.convert_to_numpy(model(images))
+    np.testing.assert_allclose(serve_float(str(folder), images)["logits"], expected, atol=1e-5)
+
+
 # The command line ---------------------------------------------------------------
 
 
