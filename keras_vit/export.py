@@ -31,13 +31,13 @@ import json
 import numbers
 import os
 import shutil
-import socket
 import tempfile
 import uuid
 
 import keras
 import numpy as np
 
+from keras_vit import _leftovers
 from keras_vit.layers._checks import boolean, path_like
 from keras_vit.layers.attention import batched_core_only
 
@@ -288,9 +288,8 @@ def _check_parent(path, argument):
 
 
 def _tag(kind):
-    """`kind` (partial, previous) with this host, process and a random part: a hidden
-    name that a later export can tell left over by a process that died."""
-    return f"{kind}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    """`kind` (partial, previous) with this process, its host and a random part."""
+    return f"{kind}-{_leftovers.owner()}-{uuid.uuid4().hex[:12]}"
 
 
 def _sibling(path):
@@ -308,41 +307,13 @@ def _hidden_inside(path, kind):
 
 def _remove_left_over(path):
     """After an export to `path` succeeded: removes the hidden entries that exports
-    to `path` killed half-way left beside it and inside it, those named with this
-    host and a process that is no longer running. Others' are kept."""
+    to `path` killed half-way left beside it and inside it (see keras_vit._leftovers)."""
     path = os.path.normpath(os.path.abspath(path))
     parent, name = os.path.split(path)
-    _remove_dead(parent, f".{name}.partial-")
+    _leftovers.remove_ended(parent, f".{name}.partial-")
     if os.path.isdir(path):
-        _remove_dead(path, ".partial-")
-        _remove_dead(path, ".previous-")
-
-
-def _remove_dead(folder, prefix):
-    """Removes the entries `prefix`HOST-PID-RANDOM of `folder` whose process, of this
-    host, no longer runs."""
-    if os.name != "posix":  # os.kill(pid, 0) tells whether a process lives on POSIX only
-        return
-    try:
-        names = [name for name in os.listdir(folder) if name.startswith(prefix)]
-    except OSError:
-        return
-    host = socket.gethostname()
-    for name in names:
-        parts = name[len(prefix) :].rsplit("-", 2)
-        if len(parts) != 3 or parts[0] != host or not parts[1].isdigit():
-            continue
-        try:
-            os.kill(int(parts[1]), 0)
-            continue  # alive (or another user's: PermissionError below)
-        except ProcessLookupError:
-            pass
-        except OSError:
-            continue
-        try:
-            _remove(os.path.join(folder, name))
-        except OSError:
-            pass
+        _leftovers.remove_ended(path, ".partial-")
+        _leftovers.remove_ended(path, ".previous-")
 
 
 def _proto_last(names):

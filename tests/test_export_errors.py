@@ -280,7 +280,6 @@ export.export_saved_model(model, sys.argv[1], overwrite=True)
 
 
 def test_what_killed_exports_left_is_removed_by_the_next_export(tmp_path):
-    import socket
     import subprocess
     import sys
 
@@ -291,19 +290,20 @@ def test_what_killed_exports_left_is_removed_by_the_next_export(tmp_path):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", KERAS_BACKEND="tensorflow", PYTHONPATH=root)
     killed = subprocess.Popen([sys.executable, "-c", KILLED_EXPORT, str(folder)], env=env)
     assert killed.wait(timeout=240) == -9
-    host, dead = socket.gethostname(), killed.pid
+    dead = killed.pid
+    tag = keras_vit._leftovers.owner().split("-")[1]  # this host's
     (partial,) = [name for name in os.listdir(folder) if name.startswith(".partial-")]
-    assert partial.startswith(f".partial-{host}-{dead}-")
+    assert partial.startswith(f".partial-{dead}-{tag}-")
     assert (folder / partial / "saved_model.pb").exists()  # a whole export, left hidden
     left = [  # what other dead exports of this host leave: the old entries, a new target
-        folder / f".previous-{host}-{dead}-0123456789ab" / "variables",
-        tmp_path / f".served.partial-{host}-{dead}-0123456789ab" / "variables",
+        folder / f".previous-{dead}-{tag}-0123456789ab" / "variables",
+        tmp_path / f".served.partial-{dead}-{tag}-0123456789ab" / "variables",
     ]
     kept = [  # a live process's, another host's, and an older version's names
-        folder / f".partial-{host}-{os.getpid()}-0123456789ab",
-        folder / f".partial-{host}x-{dead}-0123456789ab",
+        folder / f".partial-{os.getpid()}-{tag}-0123456789ab",
+        folder / f".partial-{dead}-0badc0de-0123456789ab",
         folder / ".previous-0123456789ab",
-        tmp_path / f".served2.partial-{host}-{dead}-0123456789ab",
+        tmp_path / f".served2.partial-{dead}-{tag}-0123456789ab",
     ]
     for path in left + kept:
         path.mkdir(parents=True)

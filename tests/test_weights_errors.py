@@ -256,6 +256,31 @@ def test_an_incomplete_cached_file_is_downloaded_again(server, tmp_path):
     assert server.requests == ["/full.npz", "/full.npz"]
 
 
+def test_what_killed_downloads_left_is_removed_by_the_next(server, tmp_path):
+    import subprocess
+    import sys
+
+    from keras_vit import _leftovers
+
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                           capture_output=True, text=True, check=True)  # fmt: skip
+    dead, tag = int(ended.stdout), _leftovers.owner().split("-")[1]
+    cache = tmp_path / "home" / "keras_vit"
+    cache.mkdir(parents=True)
+    left = cache / f".part-{dead}-{tag}-test-tiny-full.npz"  # as a killed download leaves it
+    kept = [
+        cache / f".part-{os.getppid()}-{tag}-test-tiny-full.npz",  # a live process's download
+        cache / f".part-{dead}-0badc0de-test-tiny-full.npz",  # another host's
+        cache / f".part-{dead}-test-tiny-full.npz",  # an older version's name
+    ]
+    for path in (left, *kept):
+        path.write_bytes(server.data[:100])
+    server.preset("/full.npz")
+    path = weights_module.resolve("test-tiny")
+    assert open(path, "rb").read() == server.data
+    assert not left.exists() and all(path.exists() for path in kept)
+
+
 def test_http_errors_name_the_preset_and_url_and_cache_nothing(server, tmp_path):
     server.preset("/missing.npz")
     with pytest.raises(OSError, match=r"preset 'test-tiny' from http://127\.0\.0\.1:\d+/missing"):

@@ -12,6 +12,7 @@ import logging
 import os
 import tempfile
 
+from keras_vit import _leftovers
 from keras_vit.weights.inference import infer_config
 from keras_vit.weights.loader import load_weights
 from keras_vit.weights.presets import PRESETS
@@ -121,8 +122,9 @@ def _download(name, url, file_name, sha256, cache_dir):
     import keras
 
     # A name of this process only: a download cut short (or a concurrent one) never
-    # sits under the name a later call trusts.
-    partial = f".part-{os.getpid()}-{file_name}"  # the suffix is kept for is_complete
+    # sits under the name a later call trusts; one left by a killed process is removed.
+    partial = f".part-{_leftovers.owner()}-{file_name}"  # the suffix is kept for is_complete
+    _leftovers.remove_ended(os.path.join(cache_dir, CACHE_SUBDIR), ".part-")
     try:
         path = keras.utils.get_file(
             fname=partial,
