@@ -56,6 +56,18 @@ def images():
 
 
 @pytest.fixture
+def npz(tmp_path):
+    """A .npz of 96 training and 24 test images of 16 x 16 in 3 classes told apart by
+    brightness, as `keras-vit train --data` takes it."""
+    rng = np.random.default_rng(0)
+    y = np.arange(96) % 3
+    x = (rng.integers(0, 60, size=(96, 16, 16, 3)) + y[:, None, None, None] * 90).astype("uint8")
+    path = tmp_path / "tiny.npz"
+    np.savez(path, x_train=x, y_train=y, x_test=x[:24], y_test=y[:24])
+    return str(path)
+
+
+@pytest.fixture
 def per_head_calls(monkeypatch):
     """Makes TensorFlow take the per-head attention core from 2 tokens on; counts its calls."""
     if keras.backend.backend() != "tensorflow":

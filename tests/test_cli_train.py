@@ -41,16 +41,6 @@ def _cli(*args, timeout=240, **env):
     return _python("-m", "keras_vit", *args, timeout=timeout, **env)
 
 
-@pytest.fixture
-def npz(tmp_path):
-    rng = np.random.default_rng(0)
-    y = np.arange(96) % 3
-    x = (rng.integers(0, 60, size=(96, 16, 16, 3)) + y[:, None, None, None] * 90).astype("uint8")
-    path = tmp_path / "tiny.npz"
-    np.savez(path, x_train=x, y_train=y, x_test=x[:24], y_test=y[:24])
-    return str(path)
-
-
 BAD_ARGUMENTS = [
     (["--epochs", "0"], "--epochs"),
     (["--strategy", "horovod"], "--strategy"),

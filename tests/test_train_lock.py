@@ -10,7 +10,6 @@ import subprocess
 import sys
 import time
 
-import numpy as np
 import pytest
 
 from keras_vit.cli import UsageError, main
@@ -20,16 +19,6 @@ pytestmark = pytest.mark.tensorflow_only
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--model", "vit-test", "--image-size", "16", "--batch-size", "16", "--quiet"]
-
-
-@pytest.fixture
-def npz(tmp_path):
-    rng = np.random.default_rng(0)
-    y = np.arange(48) % 3
-    x = (rng.integers(0, 60, size=(48, 16, 16, 3)) + y[:, None, None, None] * 90).astype("uint8")
-    path = tmp_path / "tiny.npz"
-    np.savez(path, x_train=x, y_train=y, x_test=x[:24], y_test=y[:24])
-    return str(path)
 
 
 def _main(*argv):
