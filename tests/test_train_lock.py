@@ -83,12 +83,16 @@ def test_folder_made_and_written_by_another_process_meanwhile_is_refused(tmp_pat
             train_command._make_output(_args(out), train_command.OutputLock())
     finally:
         other.release()
+    (tmp_path / "run" / "worker-1").mkdir()  # this run's second worker writes there
+    lock = train_command.OutputLock()
+    train_command._make_output(_args(out), lock)
+    lock.release()
     (tmp_path / "run" / "run.json").write_text("{}")  # ended, and left its files
     lock = train_command.OutputLock()
     with pytest.raises(UsageError, match="made and written by another process"):
         train_command._make_output(_args(out), lock)
     lock.release()
-    assert sorted(os.listdir(out)) == ["run.json"]
+    assert sorted(os.listdir(out)) == ["run.json", "worker-1"]
 
 
 def test_default_output_moves_on_to_a_free_name(tmp_path, monkeypatch):

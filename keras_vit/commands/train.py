@@ -361,7 +361,8 @@ def _make_output(args, lock):
                 break
             args.output = _default_output()
     lock.acquire(args.output)
-    if _entries(args.output):
+    # The folders of this run's other workers (multi-worker training) may be there already.
+    if [entry for entry in _entries(args.output) if not entry.startswith("worker-")]:
         raise UsageError(
             f"--output {args.output!r} was made and written by another process while this "
             "run was getting ready; nothing was written. Choose another --output"
