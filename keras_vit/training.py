@@ -85,6 +85,69 @@ class WarmupCosine(keras.optimizers.schedules.LearningRateSchedule):
         )
 
 
+def _without_decay_on(base):
+    """`base` (a Keras optimizer class) that keeps its weight-decay exclusions in its
+    config, so that a model loaded from a .keras file trains as it did: Keras'
+    `exclude_from_weight_decay` is not saved, and a reloaded AdamW decays every
+    bias, norm, position embedding and class token. It also clips, under a
+    strategy of several replicas, the gradients summed over the replicas, not
+    each replica's share (Keras 3.15 clips the shares before it sums them)."""
+
+    class Optimizer(base):
+        def __init__(self, *args, no_weight_decay=(), **kwargs):
+            super().__init__(*args, **kwargs)
+            self.no_weight_decay = tuple(no_weight_decay)
+            if self.no_weight_decay and self.weight_decay:
+                self.exclude_from_weight_decay(var_names=list(self.no_weight_decay))
+
+        def get_config(self):
+            return {**super().get_config(), "no_weight_decay": list(self.no_weight_decay)}
+
+        # Under a tf.distribute strategy of several replicas Keras clips each
+        # replica's share of the gradients and sums the clipped shares; these
+        # sum them first and clip the sum, as on one device.
+        def _clip_gradients(self, grads):
+            context = _summing_replica_context(self)
+            if context is not None:
+                import tensorflow as tf
+
+                present = [g for g in grads if g is not None]
+                summed = iter(context.all_reduce(tf.distribute.ReduceOp.SUM, present))
+                grads = [None if g is None else next(summed) for g in grads]
+            return super()._clip_gradients(grads)
+
+        def _all_reduce_sum_gradients(self, grads_and_vars):
+            if _summing_replica_context(self) is not None:  # summed before clipping
+                return list(grads_and_vars)
+            return super()._all_reduce_sum_gradients(grads_and_vars)
+
+    Optimizer.__name__ = Optimizer.__qualname__ = base.__name__
+    Optimizer.__doc__ = (
+        f"keras.optimizers.{base.__name__} that skips the weight decay of the variables "
+        "named in `no_weight_decay`, and saves them in its config; under a tf.distribute "
+        "strategy of several replicas it clips the summed gradients, as on one device."
+    )
+    return keras.saving.register_keras_serializable(package="keras_vit")(Optimizer)
+
+
+def _summing_replica_context(optimizer):
+    """The replica context of a train step that runs on several replicas, when
+    `optimizer` clips its gradients; None otherwise."""
+    clips = optimizer.clipnorm or optimizer.global_clipnorm or optimizer.clipvalue
+    if not clips or keras.backend.backend() != "tensorflow":
+        return None
+    import tensorflow as tf
+
+    context = tf.distribute.get_replica_context()
+    if context is None or context.num_replicas_in_sync == 1:
+        return None
+    return context
+
+
+AdamW = _without_decay_on(keras.optimizers.AdamW)
+SGD = _without_decay_on(keras.optimizers.SGD)
+
+
 def build_optimizer(
     name="adamw",
     learning_rate=1e-3,
@@ -105,21 +168,21 @@ def build_optimizer(
     momentum = real("momentum", momentum, low=0, high=1, high_open=True)
     clipnorm = _check_clipnorm(clipnorm)
     if name == "adamw":
-        optimizer = keras.optimizers.AdamW(
-            learning_rate=learning_rate, weight_decay=weight_decay, global_clipnorm=clipnorm
+        return AdamW(
+            learning_rate=learning_rate,
+            weight_decay=weight_decay,
+            global_clipnorm=clipnorm,
+            no_weight_decay=NO_WEIGHT_DECAY,
         )
-    elif name == "sgd":
-        optimizer = keras.optimizers.SGD(
+    if name == "sgd":
+        return SGD(
             learning_rate=learning_rate,
             momentum=momentum,
             weight_decay=weight_decay or None,
             global_clipnorm=clipnorm,
+            no_weight_decay=NO_WEIGHT_DECAY,
         )
-    else:
-        raise ValueError(f"`optimizer` must be 'adamw' or 'sgd'. Received: optimizer={name!r}")
-    if weight_decay:
-        optimizer.exclude_from_weight_decay(var_names=list(NO_WEIGHT_DECAY))
-    return optimizer
+    raise ValueError(f"`optimizer` must be 'adamw' or 'sgd'. Received: optimizer={name!r}")
 
 
 def build_loss(label_smoothing=0.1):
