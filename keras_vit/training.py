@@ -9,10 +9,12 @@ Learning-rate scaling with the global batch size: lr = base_lr * global_batch / 
 (`scaled_learning_rate`).
 """
 
+import contextlib
 import json
 import math
 import os
 import signal
+import sys
 
 import keras
 
@@ -271,9 +273,11 @@ def compile_model(
     warmup_steps = non_negative_int("warmup_steps", warmup_steps)
     label_smoothing = real("label_smoothing", label_smoothing, low=0, high=1, high_open=True)
     schedule = WarmupCosine(learning_rate, total_steps, min(warmup_steps, total_steps))
+    with _strategy_scope(model):  # the optimizer's variables go where the model's are
+        optimizer = build_optimizer(optimizer, schedule, weight_decay, clipnorm=clipnorm)
     return compile_fast(
         model,
-        optimizer=build_optimizer(optimizer, schedule, weight_decay, clipnorm=clipnorm),
+        optimizer=optimizer,
         loss=build_loss(label_smoothing),
         metrics=[keras.metrics.CategoricalAccuracy(name="accuracy")],
         jit_compile=jit_compile,
@@ -300,6 +304,7 @@ def compile_fast(
     """
     if not isinstance(model, keras.Model):
         raise ValueError(f"`model` must be a keras.Model. Received: model={model!r}")
+    _check_model_strategy(model)
     _memory.return_freed_memory()  # compiling leaves freed heap memory resident
     if streams == "auto":
         single = _cpu.cpu_only_tensorflow() and model.distribute_strategy.num_replicas_in_sync == 1
@@ -311,16 +316,25 @@ def compile_fast(
         inference_parts = 1
     train_xla, infer_xla = plan_xla(model, jit_compile, streams)
     use_streams(model, 1)  # an earlier compile's parts: model.compile keeps them
-    model.compile(
-        optimizer=optimizer,
-        loss=loss,
-        metrics=metrics,
-        jit_compile=train_xla or infer_xla,
-        **kwargs,
-    )
+    with _strategy_scope(model):  # an optimizer or metric named by a string is made here
+        if optimizer is not None and _computes_in_float16(model):
+            optimizer = keras.optimizers.get(optimizer)
+            if not isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+                optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+        _check_optimizer_strategy(model, optimizer)
+        model.compile(
+            optimizer=optimizer,
+            loss=loss,
+            metrics=metrics,
+            jit_compile=train_xla or infer_xla,
+            **kwargs,
+        )
     if keras.backend.backend() == "tensorflow" and _in_multi_worker_mode(model.distribute_strategy):
         _prepare_multi_worker(model)
     else:
+        if keras.backend.backend() == "tensorflow":
+            if model.distribute_strategy.num_replicas_in_sync > 1:
+                _build_from_first_replica(model)
         build_optimizer_state(model)
     inference_without_xla(model, train_xla and not infer_xla)
     training_without_xla(model, infer_xla and not train_xla)
@@ -333,13 +347,125 @@ def compile_fast(
     return model
 
 
+def _strategy_scope(model):
+    """The scope of the tf.distribute strategy `model` was built under (a no-op off
+    TensorFlow), after checking that `model` can be compiled there."""
+    _check_model_strategy(model)
+    if keras.backend.backend() != "tensorflow":
+        return contextlib.nullcontext()
+    return model.distribute_strategy.scope()
+
+
+def _strategy_name(strategy):
+    return f"{type(strategy).__name__} of {strategy.num_replicas_in_sync} replica(s)"
+
+
+def _check_model_strategy(model):
+    """ValueError unless `model`'s variables belong to the strategy it is compiled under.
+
+    Keras' own failures here are a RuntimeError ("Mixing different
+    tf.distribute.Strategy objects") or a ValueError that prints a whole variable.
+    """
+    if keras.backend.backend() != "tensorflow":
+        tf = sys.modules.get("tensorflow")
+        if tf is not None and tf.distribute.get_strategy().num_replicas_in_sync > 1:
+            raise ValueError(
+                "tf.distribute strategies need the TensorFlow backend of Keras; on "
+                f"{keras.backend.backend()!r} a strategy's scope does not distribute anything "
+                "(use keras.distribution there). Received: a scope of "
+                f"{_strategy_name(tf.distribute.get_strategy())}"
+            )
+        return
+    import tensorflow as tf
+
+    strategy = model.distribute_strategy
+    if tf.distribute.has_strategy() and tf.distribute.get_strategy() is not strategy:
+        raise ValueError(
+            f"`model` was built under another tf.distribute strategy ({_strategy_name(strategy)}) "
+            f"than the one whose scope is open ({_strategy_name(tf.distribute.get_strategy())}): "
+            "build (or load) and compile it under the same `strategy.scope()`."
+        )
+    foreign = [
+        variable.path
+        for variable in model.weights
+        if not strategy.extended.variable_created_in_scope(variable.value)
+    ]
+    if foreign:
+        raise ValueError(
+            "`model` was built outside the scope of the tf.distribute strategy it is "
+            f"compiled under ({_strategy_name(strategy)}): {len(foreign)} of its "
+            f"{len(model.weights)} weights, such as {foreign[0]!r}, are not that "
+            "strategy's. Build (or load) the model inside `with strategy.scope():`."
+        )
+
+
+def _check_optimizer_strategy(model, optimizer):
+    """ValueError for an optimizer object made under another strategy than `model`."""
+    if keras.backend.backend() != "tensorflow" or not isinstance(
+        optimizer, keras.optimizers.Optimizer
+    ):
+        return
+    strategy = model.distribute_strategy
+    inner = getattr(optimizer, "inner_optimizer", None)  # a LossScaleOptimizer's
+    for made in (optimizer, inner):
+        made_under = getattr(made, "_distribution_strategy", strategy)
+        if made is not None and made_under is not strategy:
+            raise ValueError(
+                f"`optimizer` was created under {_strategy_name(made_under)}, but `model` "
+                f"under {_strategy_name(strategy)}: create the optimizer inside the same "
+                "`strategy.scope()` as the model (or pass its name, such as 'adamw')."
+            )
+
+
+def _computes_in_float16(model):
+    """Whether a layer of `model` computes in float16 with float32 variables
+    (mixed_float16), whose gradients need loss scaling."""
+    return any(
+        layer.compute_dtype == "float16" and layer.variable_dtype == "float32"
+        for layer in model._flatten_layers(include_self=True)
+    )
+
+
+def _build_from_first_replica(model):
+    """Lets `fit` and `evaluate` start on a global batch that the replicas share unevenly.
+
+    Under a strategy of several replicas, Keras 3 builds the loss and metrics
+    from the first batch, which it averages over the replicas first: a batch of
+    5 on 2 replicas (3 and 2 images) fails in an AddN ("Inputs to operation
+    AddN of type AddN must have the same size and shape"). The build only needs
+    the shapes past the batch axis, so the first replica's part is used instead.
+    """
+    import tensorflow as tf
+
+    original = model._maybe_symbolic_build
+    if getattr(original, "_keras_vit_first_replica", False):
+        return
+
+    def first_replica(value):
+        if isinstance(value, tf.distribute.DistributedValues):
+            return model.distribute_strategy.experimental_local_results(value)[0]
+        return value
+
+    def maybe_symbolic_build(iterator=None, data_batch=None):
+        if iterator is None or data_batch is not None or model._distribute_strategy is None:
+            return original(iterator=iterator, data_batch=data_batch)
+        for _, _, batches in iterator:
+            data_batch = keras.tree.map_structure(first_replica, next(batches))
+            break
+        with model.distribute_strategy.scope():
+            model._symbolic_build(data_batch=data_batch)
+
+    maybe_symbolic_build._keras_vit_first_replica = True
+    model._maybe_symbolic_build = maybe_symbolic_build
+
+
 def plan_xla(model, jit_compile="auto", streams=1):
     """(XLA for the train step, XLA for predict and evaluate), as `compile_model` decides.
 
     `jit_compile` is "auto", True or False; `streams` the parts each batch is
     cut into (1: none). See `compile_model` for what "auto" picks and why.
     """
-    train_xla = resolve_jit_compile(jit_compile)
+    train_xla = resolve_jit_compile(jit_compile, model)
     if jit_compile != "auto" or not _cpu.cpu_only_tensorflow():
         return train_xla, train_xla
     if not _cpu.computes_in_bfloat16(model):
@@ -409,8 +535,13 @@ def build_optimizer_state(model):
         optimizer.build(model.trainable_variables)
 
 
-def resolve_jit_compile(jit_compile="auto"):
-    """True or False for `jit_compile` ("auto", True or False); see `compile_model`."""
+def resolve_jit_compile(jit_compile="auto", model=None):
+    """True or False for `jit_compile` ("auto", True or False); see `compile_model`.
+
+    "auto" looks at the replicas of `model`'s tf.distribute strategy (the one it
+    was built under, though compiled outside its scope), or of the strategy
+    whose scope is open when `model` is None.
+    """
     if jit_compile not in ("auto", True, False):
         raise ValueError(
             f"`jit_compile` must be 'auto', True or False. Received: jit_compile={jit_compile!r}"
@@ -422,7 +553,8 @@ def resolve_jit_compile(jit_compile="auto"):
         return backend == "jax"
     import tensorflow as tf
 
-    return tf.distribute.get_strategy().num_replicas_in_sync == 1
+    strategy = tf.distribute.get_strategy() if model is None else model.distribute_strategy
+    return strategy.num_replicas_in_sync == 1
 
 
 def set_mixed_precision(enabled):
