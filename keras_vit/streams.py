@@ -85,10 +85,15 @@ def configure_cpu_streams(streams=2, cores=None):
     """Gives TensorFlow `streams` executor threads of `cores // streams` threads each.
 
     Call it before TensorFlow runs its first operation (before any model is
-    built). Returns the threads per operation. `cores` defaults to the cores
+    built); TensorFlow backend only. Returns the threads per operation. `cores` defaults to the cores
     this process may run on.
     """
     streams = positive_int("streams", streams)
+    if keras.backend.backend() != "tensorflow":
+        raise ValueError(
+            "Streams need the TensorFlow backend (set KERAS_BACKEND=tensorflow before "
+            f"importing keras). Received: backend {keras.backend.backend()!r}"
+        )
     cores = positive_int("cores", _available_cores() if cores is None else cores)
     if streams > cores:
         raise ValueError(

@@ -601,13 +601,25 @@ def get_strategy(name="auto"):
     "auto": TPUStrategy when a TPU is found, MultiWorkerMirroredStrategy when
     TF_CONFIG names several workers, MirroredStrategy for several GPUs, and the
     default strategy otherwise.
+
+    tf.distribute needs the TensorFlow backend: on another Keras backend (JAX),
+    whose training a strategy's scope leaves on one device, "auto" and
+    "default" give the default strategy, and the others a ValueError.
     """
     import tensorflow as tf
 
     if name not in STRATEGIES:
         raise ValueError(f"`strategy` must be one of {STRATEGIES}. Received: strategy={name!r}")
-    if name == "default":
+    if name == "default" or (name == "auto" and keras.backend.backend() != "tensorflow"):
         return tf.distribute.get_strategy()
+    if keras.backend.backend() != "tensorflow":
+        raise ValueError(
+            f"`strategy={name!r}` needs the TensorFlow backend of Keras (set "
+            "KERAS_BACKEND=tensorflow before importing keras): on "
+            f"{keras.backend.backend()!r} a tf.distribute strategy does not distribute "
+            "training (use keras.distribution there). "
+            f"Received: backend {keras.backend.backend()!r}"
+        )
     if name == "mirrored":
         return tf.distribute.MirroredStrategy()
     if name == "multiworker":
