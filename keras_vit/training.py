@@ -845,6 +845,7 @@ def build_callbacks(
         raise ValueError(f"`output` must be a folder path. Received: output={output!r}")
     if backup_steps is not None:
         backup_steps = non_negative_int("backup_steps", backup_steps)
+    os.makedirs(output, exist_ok=True)  # CSVLogger opens history.csv there when fit begins
     callbacks = [
         keras.callbacks.TerminateOnNaN(),
         StepBackupAndRestore(
