@@ -298,6 +298,10 @@ def compile_fast(
     `model.compile(...)` on a CPU-only machine leaves all three without XLA.
     `optimizer=None` compiles for `evaluate` and `predict` only.
     `kwargs` go to `model.compile` (`steps_per_execution`, `loss_weights`, ...).
+    Under tf.distribute, build the model in the strategy's scope; compiling may
+    happen outside it (a model built outside it, or an optimizer object made
+    outside it, is a ValueError). A model that computes in float16
+    (mixed_float16) gets a `keras.optimizers.LossScaleOptimizer`.
     It also starts the thread that hands the memory compiling frees back to
     the system (`keras_vit._memory.return_freed_memory`; off with
     `KERAS_VIT_RETURN_FREED_MEMORY=0`). Returns `model`.
