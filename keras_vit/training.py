@@ -453,8 +453,8 @@ def _build_from_first_replica(model):
     def maybe_symbolic_build(iterator=None, data_batch=None):
         if iterator is None or data_batch is not None or model._distribute_strategy is None:
             return original(iterator=iterator, data_batch=data_batch)
-        for _, _, batches in iterator:
-            data_batch = keras.tree.map_structure(first_replica, next(batches))
+        for item in iterator:  # (step, batches) in Keras 3.10, (begin, end, batches) later
+            data_batch = keras.tree.map_structure(first_replica, next(item[-1]))
             break
         with model.distribute_strategy.scope():
             model._symbolic_build(data_batch=data_batch)
