@@ -226,6 +226,20 @@ check("get_strategy_mirrored", lambda: str(training.get_strategy("mirrored")))
 check("get_strategy_auto", lambda: training.get_strategy("auto").num_replicas_in_sync)
 
 
+def cli_mirrored():
+    import contextlib, io
+    from keras_vit.cli import main
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = main(["train", "--strategy", "mirrored", "--model", "vit-test", "--epochs", "1",
+                     "--output", os.path.join(sys.argv[1], "cli-run")])
+    return [code, err.getvalue().strip().splitlines()[-1]]
+
+
+check("cli_mirrored", cli_mirrored)
+
+
 def float16():
     model = keras_vit.VisionTransformer(**TINY, dtype="mixed_float16")
     training.compile_model(model, total_steps=2)
@@ -461,6 +475,8 @@ def test_jax_streams_and_strategies_say_they_need_tensorflow(jax_results):
     message = _error(jax_results, "get_strategy_mirrored")
     assert "`strategy='mirrored'` needs the TensorFlow backend" in message and "'jax'" in message
     assert _value(jax_results, "get_strategy_auto") == 1
+    code, line = _value(jax_results, "cli_mirrored")  # a usage error, not a traceback
+    assert code == 2 and line.startswith("keras-vit train: error: --strategy mirrored:"), line
     message = _error(jax_results, "tf_scope")
     assert "need the TensorFlow backend" in message and "2 replica(s)" in message
     assert "Export needs the TensorFlow backend" in _error(jax_results, "export")

@@ -636,7 +636,10 @@ def train(args, prepare_output=None, resume=False):
             streams.configure_cpu_streams(args.cpu_streams)
         except (ValueError, RuntimeError) as error:
             raise UsageError(f"--cpu-streams: {error}") from None
-    strategy = training.get_strategy(args.strategy)  # first: MultiWorker needs it before ops
+    try:  # first: MultiWorker needs it before ops
+        strategy = training.get_strategy(args.strategy)
+    except ValueError as error:  # a strategy of TensorFlow's on another Keras backend
+        raise UsageError(f"--strategy {args.strategy}: {error}") from None
     chief = training.is_chief()
     work_dir = output if chief else os.path.join(output, f"worker-{_task_index()}")
     keras.utils.set_random_seed(args.seed)
