@@ -1,0 +1,48 @@
+"""What the README, docs/ and examples/ show runs as they say, on tiny models."""
+
+import importlib.util
+import os
+
+import pytest
+
+import keras_vit
+
+EXAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "examples")
+TINY = dict(patch_size=8, num_layers=1, num_heads=2, hidden_dim=16, mlp_dim=32, num_classes=3)
+
+
+def example(name):
+    """The module examples/NAME.py, imported without running its main()."""
+    spec = importlib.util.spec_from_file_location(
+        f"example_{name}", os.path.join(EXAMPLES, f"{name}.py")
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    "size, dynamic, shown",
+    [
+        ((32, 48), False, "patch-token grid of the last block: (2, 4, 6, 16)"),
+        (32, True, "tokens of the last block: (2, 17, 16)"),
+    ],
+)
+def test_attention_maps_example_takes_non_square_and_dynamic_models(
+    tmp_path, capsys, monkeypatch, size, dynamic, shown
+):
+    # It made square images from the input's height and read the grid as a square:
+    # a non-square model was refused, and a dynamic one (input size None) failed.
+    model = keras_vit.VisionTransformer(image_size=size, dynamic_image_size=dynamic, **TINY)
+    path = str(tmp_path / "model.keras")
+    model.save(path)
+    output = str(tmp_path / "plots")
+    monkeypatch.setattr("sys.argv", ["attention_maps.py", "--model", path, "--output", output])
+    example("attention_maps").main()
+    assert shown in capsys.readouterr().out
+    assert sorted(os.listdir(output)) == [
+        "attention_distance.png",
+        "position_similarity.png",
+        "rollout_0.png",
+        "rollout_1.png",
+    ]
