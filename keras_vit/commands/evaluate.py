@@ -15,7 +15,7 @@ def add_arguments(parser):
         help="digits | tfds:NAME | a folder of class sub-folders | a .npz (its test split, "
         "or for a folder the same 20%% validation split as training)",
     )
-    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--batch-size", type=int, default=64, help="default 64")
     parser.add_argument(
         "--seed",
         type=int,
@@ -23,7 +23,9 @@ def add_arguments(parser):
         help="split seed of digits / folder data (default: the run's --seed, from run.json "
         "beside the model, else 0), so that a folder is split as it was for training",
     )
-    parser.add_argument("--skip-corrupt", action="store_true")
+    parser.add_argument(
+        "--skip-corrupt", action="store_true", help="folder data: skip unreadable images"
+    )
 
 
 def run(args):

@@ -23,10 +23,16 @@ def add_arguments(parser):
     parser.add_argument("--output", required=True, help="folder for the overlay PNGs")
     parser.add_argument("--top-k", type=int, default=5, help="classes to print (default 5)")
     parser.add_argument(
-        "--discard-ratio", type=float, default=0.0, help="rollout: drop this fraction of weights"
+        "--discard-ratio",
+        type=float,
+        default=0.0,
+        help="rollout: drop this fraction of weights (default 0)",
     )
     parser.add_argument(
-        "--head-fusion", choices=("mean", "max", "min"), default="mean", help="rollout head fusion"
+        "--head-fusion",
+        choices=("mean", "max", "min"),
+        default="mean",
+        help="rollout head fusion (default mean)",
     )
 
 

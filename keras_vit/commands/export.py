@@ -20,7 +20,12 @@ def add_arguments(parser):
         help="a .keras file, or a training output folder holding model.keras "
         "(and optionally classes.json, a JSON list of class names)",
     )
-    parser.add_argument("--format", choices=FORMATS, default="saved_model", help="what to write")
+    parser.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="saved_model",
+        help="what to write (default saved_model)",
+    )
     parser.add_argument(
         "--output",
         required=True,
@@ -41,7 +46,10 @@ def add_arguments(parser):
         "size instead of uint8 images of any size",
     )
     parser.add_argument(
-        "--top-k", type=int, default=5, help="SavedModel only: classes in the top-k outputs"
+        "--top-k",
+        type=int,
+        default=5,
+        help="SavedModel only: classes in the top-k outputs (default 5)",
     )
     parser.add_argument(
         "--class-names",

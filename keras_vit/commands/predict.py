@@ -8,7 +8,7 @@ def add_arguments(parser):
     parser.add_argument(
         "--model", required=True, metavar="DIR_OR_FILE", help="training output folder or .keras"
     )
-    parser.add_argument("--top-k", type=int, default=5)
+    parser.add_argument("--top-k", type=int, default=5, help="classes to print (default 5)")
 
 
 def predict_files(model, paths, class_names=None, top_k=5):
