@@ -46,3 +46,23 @@ def test_attention_maps_example_takes_non_square_and_dynamic_models(
         "rollout_0.png",
         "rollout_1.png",
     ]
+
+
+def test_convert_of_a_preset_offline_says_to_pass_the_file_as_src(tmp_path, monkeypatch, capsys):
+    # docs/weights.md: a failed download names the preset and its URL, exit status 2. The
+    # advice named the `weights` argument of the Python API, which the command has not.
+    import keras
+
+    from keras_vit import cli
+
+    def offline(*args, **kwargs):
+        raise Exception("URL fetch failure: [Errno -2] Name or service not known")
+
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(keras.utils, "get_file", offline)
+    status = cli.main(["convert", "augreg_in21k_ft_in1k_Ti_16", str(tmp_path / "out.keras")])
+    error = capsys.readouterr().err
+    assert status == 2
+    assert "Could not download the preset 'augreg_in21k_ft_in1k_Ti_16' from https://" in error
+    assert "pass its path as SRC" in error and "`weights`" not in error
+    assert not os.path.exists(tmp_path / "out.keras")
