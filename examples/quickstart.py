@@ -8,6 +8,8 @@ the pooled features instead (their cosine similarities). Pass a checkpoint
 (`weights="path/to/ViT-B_16.npz"`) for real predictions.
 """
 
+import argparse
+
 import numpy as np
 
 import keras_vit
@@ -38,4 +40,5 @@ def main():
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()  # --help only
     main()
