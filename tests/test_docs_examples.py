@@ -66,3 +66,17 @@ def test_convert_of_a_preset_offline_says_to_pass_the_file_as_src(tmp_path, monk
     assert "Could not download the preset 'augreg_in21k_ft_in1k_Ti_16' from https://" in error
     assert "pass its path as SRC" in error and "`weights`" not in error
     assert not os.path.exists(tmp_path / "out.keras")
+
+
+def test_multi_worker_example_stops_the_other_worker_when_one_fails():
+    # A chief that refuses its --output (an earlier run of the example there) exits with
+    # status 2 while the other worker waits for it forever: the example hung.
+    import subprocess
+    import sys
+    import time
+
+    failing = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(2)"])
+    waiting = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    start = time.monotonic()
+    assert example("multi_worker").wait_all([failing, waiting], poll_seconds=0.05) == 2
+    assert waiting.poll() is not None and time.monotonic() - start < 30
