@@ -64,7 +64,7 @@ def test_convert_of_a_preset_offline_says_to_pass_the_file_as_src(tmp_path, monk
     error = capsys.readouterr().err
     assert status == 2
     assert "Could not download the preset 'augreg_in21k_ft_in1k_Ti_16' from https://" in error
-    assert "pass its path as SRC" in error and "`weights`" not in error
+    assert "give its path instead of the preset name" in error and "`weights`" not in error
     assert not os.path.exists(tmp_path / "out.keras")
 
 

@@ -119,8 +119,7 @@ def run(args):
     except ValueError as error:  # neither a file nor a preset (close matches listed)
         raise UsageError(str(error)) from None
     except OSError as error:  # a preset whose download failed (named with its URL)
-        message = str(error).replace("pass its path as `weights`", "pass its path as SRC")
-        raise UsageError(f"SRC {args.source!r}: {message}") from None
+        raise UsageError(f"SRC {args.source!r}: {error}") from None
     try:
         # The size is needed to read a non-square checkpoint's grid.
         inferred = infer_config(

@@ -136,7 +136,8 @@ def _download(name, url, file_name, sha256, cache_dir):
     except Exception as error:  # keras raises a bare Exception for HTTP and URL errors
         raise OSError(
             f"Could not download the preset {name!r} from {url}: {error}. Check the "
-            "connection, or download the file yourself and pass its path as `weights`."
+            "connection, or download the file yourself and give its path instead of the "
+            "preset name."
         ) from error
     try:
         if not is_complete(path):
