@@ -88,6 +88,28 @@ def test_multi_worker_two_processes_end_equal(tmp_path):
     args = [sys.executable, "-m", "keras_vit", "train", "--data", str(npz), "--model", "vit-test"]
     args += ["--image-size", "16", "--batch-size", "16", "--epochs", "1", "--quiet"]
     args += ["--strategy", "multiworker", "--output", str(out)]
+    codes, logs = _two_workers(args, workers, tmp_path)
+    assert codes == [0, 0], logs
+    # The run is complete: no backup is left, the workers' included.
+    assert sorted(path.name for path in out.glob("**/backup")) == []
+
+    import keras
+
+    import keras_vit  # noqa: F401
+
+    chief = keras.models.load_model(out / "model.keras")
+    other = keras.models.load_model(out / "worker-worker-1" / "model.keras")
+    for a, b in zip(chief.weights, other.weights, strict=True):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6, atol=1e-7)
+    assert (out / "saved_model").is_dir()
+    # Again over it: the second worker starts afresh too (it resumed a stale backup).
+    workers = [f"127.0.0.1:{port}" for port in _free_ports(2)]
+    codes, logs = _two_workers(args + ["--overwrite"], workers, tmp_path)
+    assert codes == [0, 0], logs
+
+
+def _two_workers(args, workers, tmp_path):
+    """Exit codes and log tails of `args` run as the two workers of `workers`."""
     processes = []
     for index in range(2):
         config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
@@ -108,13 +130,4 @@ def test_multi_worker_two_processes_end_equal(tmp_path):
             if p.poll() is None:
                 p.kill()
     logs = [(tmp_path / f"worker{i}.log").read_text()[-2000:] for i in range(2)]
-    assert codes == [0, 0], logs
-    import keras
-
-    import keras_vit  # noqa: F401
-
-    chief = keras.models.load_model(out / "model.keras")
-    other = keras.models.load_model(out / "worker-worker-1" / "model.keras")
-    for a, b in zip(chief.weights, other.weights, strict=True):
-        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6, atol=1e-7)
-    assert (out / "saved_model").is_dir()
+    return codes, logs

@@ -481,7 +481,9 @@ def _commit_output(args, plan, lock):
             path = os.path.join(output, entry)
             if entry == RUN_FILE:  # replaced below, last, so the folder stays a run's
                 continue
-            if entry not in RUN_ENTRIES and not entry.startswith("worker-"):
+            if entry.startswith("worker-"):
+                continue  # renewed by that worker (removing it races with its start)
+            if entry not in RUN_ENTRIES:
                 kept.append(entry)
             elif os.path.isdir(path) and not os.path.islink(path):
                 shutil.rmtree(path)
@@ -676,6 +678,10 @@ def train(args, prepare_output=None, resume=False):
             output = args.output
             work_dir = output if chief else os.path.join(output, f"worker-{_task_index()}")
         os.makedirs(work_dir, exist_ok=True)
+        if not chief and not resume:
+            # A new run (or --overwrite): an earlier run's backup in this worker's folder
+            # is not this run's, and Keras would restore it when fit begins.
+            shutil.rmtree(os.path.join(work_dir, "backup"), ignore_errors=True)
         if chief:  # now, for best.keras of a run that is interrupted
             training.write_json_atomic(os.path.join(output, "classes.json"), data.class_names)
         done = _restore(model, work_dir)
@@ -715,8 +721,13 @@ def train(args, prepare_output=None, resume=False):
     _write_run_file(
         args, completed=True, extra={"val_loss": float(loss), "val_accuracy": float(accuracy)}
     )
-    # Only once the run is recorded as complete: killed before, it resumes from the backup.
-    shutil.rmtree(os.path.join(output, "backup"), ignore_errors=True)
+    # Only once the run is recorded as complete: killed before, it resumes from the
+    # backups, the chief's and those of the other workers it can see (their last
+    # backups came before the final evaluation, which waited for every worker).
+    for folder in [output] + [
+        os.path.join(output, entry) for entry in _entries(output) if entry.startswith("worker-")
+    ]:
+        shutil.rmtree(os.path.join(folder, "backup"), ignore_errors=True)
     del tf
     smoothing = f", with label smoothing {args.label_smoothing:g}" if args.label_smoothing else ""
     print(f"Final validation accuracy: {accuracy:.4f} (loss {loss:.4f}{smoothing})")
