@@ -2,6 +2,7 @@
 
 import functools
 import http.server
+import json
 import logging
 import os
 import tempfile
@@ -279,6 +280,38 @@ def test_what_killed_downloads_left_is_removed_by_the_next(server, tmp_path):
     path = weights_module.resolve("test-tiny")
     assert open(path, "rb").read() == server.data
     assert not left.exists() and all(path.exists() for path in kept)
+
+
+def test_train_fine_tunes_from_a_preset_name(server, tmp_path, monkeypatch, capsys):
+    """keras-vit train --weights PRESET: downloaded once, loaded whole (the head aside)."""
+    from keras_vit import cli
+    from keras_vit.commands import train as train_command
+
+    config = dict(patch_size=PATCH, num_layers=LAYERS, num_heads=HEADS, hidden_dim=DIM,
+                  mlp_dim=MLP)  # fmt: skip
+    monkeypatch.setitem(train_command.PRESETS, "vit-served", config)
+    server.preset("/full.npz")
+    y = np.arange(24) % 3
+    x = np.random.default_rng(0).integers(0, 256, (24, SIZE, SIZE, 3)).astype("uint8")
+    data = tmp_path / "data.npz"
+    np.savez(data, x_train=x, y_train=y, x_test=x[:6], y_test=y[:6])
+    common = ["train", "--data", str(data), "--model", "vit-served", "--image-size", str(SIZE),
+              "--epochs", "1", "--batch-size", "8", "--quiet"]  # fmt: skip
+    status = cli.main([*common, "--weights", "test-tiyn", "--output", str(tmp_path / "typo")])
+    assert status == 2 and "close matches: test-tiny" in capsys.readouterr().err
+    assert server.requests == [] and not (tmp_path / "typo").exists()
+    out = tmp_path / "run"
+    status = cli.main([*common, "--weights", "test-tiny", "--lr", "1e-12", "--output", str(out)])
+    assert status == 0, capsys.readouterr().err
+    assert server.requests == ["/full.npz"]
+    model = keras.models.load_model(out / "model.keras")
+    params = original_params()
+    np.testing.assert_allclose(  # the checkpoint's, moved by no more than lr 1e-12 can
+        model.get_layer("patch_encoder").position_embedding.numpy(),
+        params["Transformer/posembed_input/pos_embedding"],
+        atol=1e-6,
+    )
+    assert json.loads((out / "run.json").read_text())["args"]["weights"] == "test-tiny"
 
 
 def test_http_errors_name_the_preset_and_url_and_cache_nothing(server, tmp_path):

@@ -117,7 +117,9 @@ def add_arguments(parser):
     parser.add_argument("--clipnorm", type=float, default=1.0, help="global-norm clipping")
     parser.add_argument("--dropout", type=float, default=0.0, help="dropout rate (default 0)")
     parser.add_argument(
-        "--weights", help="fine-tune from a checkpoint file (.npz, .safetensors, .keras ...)"
+        "--weights",
+        help="fine-tune from a checkpoint file (.npz, .safetensors, .keras) or a preset name "
+        "(downloaded once into ~/.keras/keras_vit/)",
     )
     parser.add_argument(
         "--mixed-precision",
@@ -210,7 +212,14 @@ def _check_args(args, weights=True):
     if args.crop_scale is not None and not 0 < args.crop_scale <= 1:
         raise UsageError(f"--crop-scale must be in (0, 1]. Received: {args.crop_scale}")
     if weights and args.weights and not os.path.isfile(args.weights):
-        raise UsageError(f"--weights: no such file. Received: {args.weights!r}")
+        from keras_vit.weights import PRESETS as CHECKPOINTS
+
+        if os.path.isdir(args.weights) or args.weights not in CHECKPOINTS:
+            raise UsageError(
+                f"--weights must be a checkpoint file (.npz, .safetensors, .keras) or a preset "
+                f"name (keras_vit.weights.PRESETS){_close_presets(args.weights)}. Received: "
+                f"{args.weights!r} ({'a folder' if os.path.isdir(args.weights) else 'no such file'})"
+            )
     from keras_vit.models import VARIANTS
 
     if args.model not in PRESETS and args.model not in VARIANTS:
@@ -803,8 +812,25 @@ def _load_data(args):
     return data
 
 
+def _close_presets(name):
+    import difflib
+
+    from keras_vit.weights import PRESETS as CHECKPOINTS
+
+    close = difflib.get_close_matches(str(name), list(CHECKPOINTS), n=3, cutoff=0.6)
+    return f"; close matches: {', '.join(close)}" if close else ""
+
+
 def _load_weights(model, path, model_name):
-    """--weights: all of the file's weights, or none (a usage error says what differs)."""
+    """--weights: all of the file's weights, or none (a usage error says what differs).
+    A preset name is downloaded first (once, into the cache)."""
+    if not os.path.isfile(path):
+        from keras_vit.weights import resolve
+
+        try:
+            path = resolve(path, argument="--weights")
+        except (OSError, ValueError) as error:
+            raise UsageError(f"--weights {path!r}: {error}") from None
     if path.endswith(".keras"):
         _load_keras_weights(model, path, model_name)
         return
