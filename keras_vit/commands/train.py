@@ -110,11 +110,15 @@ def add_arguments(parser):
         "lr * batch_size / 256 (default 4e-3, i.e. 1e-3 at batch 64), reached after a "
         "linear warm-up and followed by cosine decay to 0",
     )
-    parser.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw")
+    parser.add_argument(
+        "--optimizer", choices=("adamw", "sgd"), default="adamw", help="default adamw"
+    )
     parser.add_argument("--weight-decay", type=float, default=0.05, help="default 0.05")
     parser.add_argument("--warmup-epochs", type=float, default=3.0, help="default 3")
     parser.add_argument("--label-smoothing", type=float, default=0.1, help="default 0.1")
-    parser.add_argument("--clipnorm", type=float, default=1.0, help="global-norm clipping")
+    parser.add_argument(
+        "--clipnorm", type=float, default=1.0, help="global-norm clipping (default 1; 0: none)"
+    )
     parser.add_argument("--dropout", type=float, default=0.0, help="dropout rate (default 0)")
     parser.add_argument(
         "--weights",
@@ -189,7 +193,9 @@ def add_arguments(parser):
         "faster on the Xeon; see README); with 1, evaluation with XLA still runs "
         "each batch as two or more parts, two at once",
     )
-    parser.add_argument("--tensorboard", action="store_true", help="TensorBoard logs in logs/")
+    parser.add_argument(
+        "--tensorboard", action="store_true", help="TensorBoard logs in OUTPUT/logs/"
+    )
     parser.add_argument(
         "--skip-corrupt", action="store_true", help="folder data: skip unreadable images"
     )
