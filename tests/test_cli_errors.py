@@ -170,7 +170,7 @@ def test_overwrite_removes_the_runs_files_and_keeps_the_others(capsys, tmp_path)
     args = argparse.Namespace(output=str(out), **{n: None for n in train_command.STORED})
     args.epochs = 1
     lock = train_command.OutputLock()
-    train_command._commit_output(args, "overwrite", lock)
+    train_command._commit_output(args, "overwrite", lock, existed=True)
     assert lock.held  # taken before anything is removed, kept while the run writes
     assert sorted(os.listdir(out)) == [train_command.LOCK_FILE, "notes.txt", "run.json"]
     lock.release()

@@ -117,6 +117,30 @@ def test_default_output_moves_on_to_a_free_name(tmp_path, monkeypatch):
     lock.release()
 
 
+def test_two_runs_without_output_started_in_one_second_get_a_folder_each(tmp_path, monkeypatch):
+    """Both planned runs/vit-<second>; the second to get ready moves on to -2."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(train_command.time, "strftime", lambda _: "vit-20261206-120000")
+    first, second = (
+        argparse.Namespace(output=None, resume=False, overwrite=False,
+                           **{name: None for name in train_command.STORED})
+        for _ in range(2)
+    )  # fmt: skip
+    plans = [train_command._plan_output(args, set()) for args in (first, second)]
+    assert plans == ["new", "new"] and first.output == second.output
+    locks = [train_command.OutputLock(), train_command.OutputLock()]
+    try:
+        for args, plan, lock in zip((first, second), plans, locks):
+            train_command._commit_output(args, plan, lock, existed=False)
+        assert first.output == os.path.join("runs", "vit-20261206-120000")
+        assert second.output == os.path.join("runs", "vit-20261206-120000-2")
+        assert all(lock.held for lock in locks)
+        assert all(os.path.isfile(os.path.join(a.output, "run.json")) for a in (first, second))
+    finally:
+        for lock in locks:
+            lock.release()
+
+
 def test_refused_plan_leaves_a_folder_as_it_was(npz, tmp_path):
     """The lock is taken before the plan, in a folder that may not be a run's."""
     folder = tmp_path / "photos"

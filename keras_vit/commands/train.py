@@ -474,15 +474,17 @@ def _plan_output(args, typed):
     return "new"
 
 
-def _commit_output(args, plan, lock):
+def _commit_output(args, plan, lock, existed):
     """Carries out `_plan_output`'s plan, once every argument has been checked.
 
-    `lock` (an OutputLock) holds the folder from here on, if it does not already.
+    `lock` (an OutputLock) holds the folder from here on, if it does not already;
+    `existed`: whether the folder was there when the run was planned (if not, it
+    is made now, and another run may have made it meanwhile).
     """
-    if plan in ("new", "overwrite") and not lock.held:
+    if plan in ("new", "overwrite"):
         try:
-            if os.path.isdir(args.output):
-                lock.acquire(args.output)
+            if existed:
+                lock.acquire(args.output)  # held since the plan, where flock works
             else:
                 _make_output(args, lock)
         except OSError as error:
@@ -611,8 +613,9 @@ def run(args):
     # model built (with its --weights): train() calls prepare_output then. A folder
     # that exists is locked first, so that no other run writes it meanwhile.
     lock = OutputLock()
+    existed = args.output is not None and os.path.isdir(args.output)
     try:
-        if args.output is not None and os.path.isdir(args.output):
+        if existed:
             lock.acquire(args.output)
         plan = _plan_output(args, explicit_flags(args))
         if plan == "complete":
@@ -628,7 +631,7 @@ def run(args):
                 ) from None
         return train(
             args,
-            prepare_output=lambda: _commit_output(args, plan, lock),
+            prepare_output=lambda: _commit_output(args, plan, lock, existed),
             resume=plan == "resume",
         )
     finally:
