@@ -273,6 +273,7 @@ def compile_model(
     warmup_steps = non_negative_int("warmup_steps", warmup_steps)
     label_smoothing = real("label_smoothing", label_smoothing, low=0, high=1, high_open=True)
     schedule = WarmupCosine(learning_rate, total_steps, min(warmup_steps, total_steps))
+    _check_model_strategy(model)  # before its scope is entered
     with _strategy_scope(model):  # the optimizer's variables go where the model's are
         optimizer = build_optimizer(optimizer, schedule, weight_decay, clipnorm=clipnorm)
     return compile_fast(
@@ -336,9 +337,10 @@ def compile_fast(
     if keras.backend.backend() == "tensorflow" and _in_multi_worker_mode(model.distribute_strategy):
         _prepare_multi_worker(model)
     else:
-        if keras.backend.backend() == "tensorflow":
-            if model.distribute_strategy.num_replicas_in_sync > 1:
-                _build_from_first_replica(model)
+        if keras.backend.backend() == "tensorflow" and (
+            model.distribute_strategy.num_replicas_in_sync > 1
+        ):
+            _build_from_first_replica(model)
         build_optimizer_state(model)
     inference_without_xla(model, train_xla and not infer_xla)
     training_without_xla(model, infer_xla and not train_xla)
@@ -353,8 +355,7 @@ def compile_fast(
 
 def _strategy_scope(model):
     """The scope of the tf.distribute strategy `model` was built under (a no-op off
-    TensorFlow), after checking that `model` can be compiled there."""
-    _check_model_strategy(model)
+    TensorFlow); `_check_model_strategy(model)` first, for a clear error."""
     if keras.backend.backend() != "tensorflow":
         return contextlib.nullcontext()
     return model.distribute_strategy.scope()
