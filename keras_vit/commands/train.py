@@ -219,11 +219,14 @@ def _check_args(args, weights=True):
         raise UsageError(f"--crop-scale must be in (0, 1]. Received: {args.crop_scale}")
     if weights and args.weights and not os.path.isfile(args.weights):
         from keras_vit.weights import PRESETS as CHECKPOINTS
+        from keras_vit.weights import close_presets
 
         if os.path.isdir(args.weights) or args.weights not in CHECKPOINTS:
+            close = close_presets(args.weights)
+            hint = f"; close matches: {', '.join(close)}" if close else ""
             raise UsageError(
                 f"--weights must be a checkpoint file (.npz, .safetensors, .keras) or a preset "
-                f"name (keras_vit.weights.PRESETS){_close_presets(args.weights)}. Received: "
+                f"name (keras_vit.weights.PRESETS){hint}. Received: "
                 f"{args.weights!r} ({'a folder' if os.path.isdir(args.weights) else 'no such file'})"
             )
     from keras_vit.models import VARIANTS
@@ -819,15 +822,6 @@ def _load_data(args):
             f"images: {validation_hint(args.data, data)}"
         )
     return data
-
-
-def _close_presets(name):
-    import difflib
-
-    from keras_vit.weights import PRESETS as CHECKPOINTS
-
-    close = difflib.get_close_matches(str(name), list(CHECKPOINTS), n=3, cutoff=0.6)
-    return f"; close matches: {', '.join(close)}" if close else ""
 
 
 def _load_weights(model, path, model_name):

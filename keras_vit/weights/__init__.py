@@ -55,7 +55,7 @@ def resolve(weights, argument="weights"):
     if isinstance(weights, (str, os.PathLike)) and os.path.isfile(weights):
         return os.fspath(weights)
     if not isinstance(weights, str) or weights not in PRESETS:
-        close = difflib.get_close_matches(str(weights), list(PRESETS), n=5, cutoff=0.5)
+        close = close_presets(weights)
         hint = f" Close matches: {', '.join(close)}." if close else ""
         what = (
             "a folder, not a checkpoint file"
@@ -84,6 +84,11 @@ def resolve(weights, argument="weights"):
 
 
 CACHE_SUBDIR = "keras_vit"
+
+
+def close_presets(name):
+    """Up to five preset names close to `name` (for the message of a misspelt one)."""
+    return difflib.get_close_matches(str(name), list(PRESETS), n=5, cutoff=0.5)
 
 
 def _writable(base, fallback):
