@@ -49,11 +49,15 @@ def remove_ended(folder, prefix):
             continue
         if not _ended(int(parts[0])):
             continue
-        path = os.path.join(folder, name)
         try:
-            if os.path.isdir(path) and not os.path.islink(path):
-                shutil.rmtree(path)
-            else:
-                os.remove(path)
+            remove(os.path.join(folder, name))
         except OSError:
             pass
+
+
+def remove(path):
+    """Removes the file, link or folder `path`, if there is one."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        os.remove(path)

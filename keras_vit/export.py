@@ -321,13 +321,6 @@ def _proto_last(names):
     return sorted(names, key=lambda name: (name.startswith("saved_model.pb"), name))
 
 
-def _remove(path):
-    if os.path.isdir(path) and not os.path.islink(path):
-        shutil.rmtree(path)
-    elif os.path.lexists(path):
-        os.remove(path)
-
-
 def _write_saved_model(archive, path):
     """Writes the SavedModel aside, then moves it in: a failed export leaves
     `path` as it was, and a killed one never leaves a saved_model.pb beside
@@ -376,7 +369,7 @@ def _move_in(staging, path):
             moved_in.append(name)
     except BaseException:
         for name in reversed(moved_in):
-            _remove(os.path.join(path, name))
+            _leftovers.remove(os.path.join(path, name))
         for name in reversed(moved_out):
             os.rename(os.path.join(backup, name), os.path.join(path, name))
         os.rmdir(backup)  # left with the old entries in it if putting them back failed
