@@ -122,7 +122,8 @@ def _match_classes(data, model_names, classes, args):
     if model_names is not None and set(names) <= set(model_names):
         if names == list(model_names):
             return data
-        mapping = tf.constant([list(model_names).index(name) for name in names], tf.int32)
+        position = {name: index for index, name in enumerate(model_names)}
+        mapping = tf.constant([position[name] for name in names], tf.int32)
 
         def relabel(image, label):
             return image, tf.gather(mapping, label)
