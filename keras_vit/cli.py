@@ -75,11 +75,17 @@ def is_user_error(error):
     return True
 
 
-def main(argv=None):
+def main(argv=None, own_process=None):
+    """Runs `keras-vit ARGV` (default: the command line). `own_process`: whether the
+    command may change process-wide settings; by default, only when argv is None."""
     parser = build_parser()
+    own_process = argv is None if own_process is None else bool(own_process)
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
     args._argv = argv  # what was typed: commands tell passed flags from defaults with it
+    # From the command line (no argv given) the command owns the process and may set
+    # process-wide settings (train's --cpu-streams auto); called from a program, not.
+    args._own_process = own_process
     try:
         return int(args._run(args) or 0)
     except (UsageError, ValueError, FileNotFoundError, TypeError) as error:

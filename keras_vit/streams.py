@@ -10,7 +10,9 @@ and TensorFlow's executor runs the parts at the same time. On a 2-core
 Intel Xeon, two streams made ViT-S/16, ViT-B/16 and ViT-S/16 384 predict 5-17%
 and train 6-14% faster in two bench runs (docs/performance.md, "CPU streams").
 On 2-core AMD EPYCs, whose default already predicts in two XLA parts, they
-predicted level (0.95-1.02x) and trained 0.91-1.11x as fast (README, Training).
+predicted at 0.94-1.11x the default's speed and trained 5-16% faster on one
+with AVX-512 (Zen 4), 0.91-1.06x as fast on one with AVX2 only (README,
+Training).
 
 Two steps:
 
@@ -18,7 +20,9 @@ Two steps:
    TensorFlow runs its first operation: it gives each operation
    `cores // streams` threads and the executor `streams` threads at a time.
    This is process-wide; without streams, operations would then run on fewer
-   cores. `keras-vit train --cpu-streams 2` does it for you.
+   cores. `keras-vit train` does it for you where `recommended_cpu_streams()`
+   says 2 (a 2-core CPU-only machine whose oneDNN runs AVX-512), or with
+   `--cpu-streams N`.
 2. `use_streams(model)` after `model.compile(...)` (or `compile_model(...)`,
    which calls it): the model's train, test and predict steps cut each batch.
    The training parts run in TensorFlow's graph mode, whose executor runs
@@ -114,6 +118,35 @@ def configure_cpu_streams(streams=2, cores=None):
         ) from None
     _configured["streams"] = streams
     return threads
+
+
+def recommended_cpu_streams(cores=None):
+    """The CPU streams `keras-vit train --cpu-streams auto` configures: 2 or 1.
+
+    2 on the TensorFlow backend with no GPU or TPU, on a machine of 2 cores
+    whose TensorFlow runs oneDNN's AVX-512 kernels (`keras_vit._cpu.onednn_avx512`).
+    There two streams trained ViT-S/16 224, ViT-B/16 224 and ViT-S/16 384
+    5-16% faster than one in the full bench runs of a 2-core Intel Xeon and a
+    2-core AMD EPYC (Zen 4), and predicted at 0.94-1.16x the speed of one
+    (at ViT-S/16 384 they peak 0.4-0.5 GB higher). 1 elsewhere: on a
+    2-core AMD EPYC with AVX2 only, two streams trained 0.91-1.06x as fast as
+    one, and no machine of more cores was measured (README, Training).
+
+    It reads the devices without starting TensorFlow's runtime, so
+    `configure_cpu_streams(2)` still works after it (where it says 1, leave
+    the threads as they are: `configure_cpu_streams(1)` would give the
+    executor one thread).
+    `cores` defaults to the cores this process may run on.
+    """
+    if keras.backend.backend() != "tensorflow":
+        return 1
+    cores = positive_int("cores", _available_cores() if cores is None else cores)
+    if cores != 2 or not _cpu.onednn_avx512():
+        return 1
+    import tensorflow as tf
+
+    devices = tf.config.list_physical_devices
+    return 1 if devices("GPU") or devices("TPU") else 2
 
 
 def configured_streams():

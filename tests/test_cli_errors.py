@@ -496,3 +496,47 @@ def test_python_m_keras_vit_cli_reports_usage_errors(tmp_path):
     )  # fmt: skip
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr and "--model" in result.stderr
+
+
+def test_cpu_streams_auto_sets_threads_only_in_a_process_of_its_own(monkeypatch):
+    """--cpu-streams auto: the recommended streams where the command owns its process
+    and trains on one replica; explicit counts are configured or refused as before."""
+    from types import SimpleNamespace
+
+    from keras_vit import streams
+
+    configured = []
+
+    def configure(count):
+        configured.append(count)
+        return 1
+
+    monkeypatch.setattr(streams, "configure_cpu_streams", configure)
+    monkeypatch.setattr(streams, "recommended_cpu_streams", lambda: 2)
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    monkeypatch.delenv("TPU_NAME", raising=False)
+
+    def run(cpu_streams, own, strategy="auto"):
+        args = SimpleNamespace(cpu_streams=cpu_streams, _own_process=own, strategy=strategy)
+        return train_command._configure_cpu_streams(args)
+
+    assert run("auto", own=False) == 1 and configured == []  # cli.main([...]) from a program
+    assert run("auto", own=True, strategy="mirrored") == 1 and configured == []
+    assert run("auto", own=True) == 2 and configured == [2]
+    assert run("auto", own=True, strategy="default") == 2 and configured == [2, 2]
+    workers = {"cluster": {"worker": ["a:1", "b:2"]}, "task": {"type": "worker", "index": 0}}
+    monkeypatch.setenv("TF_CONFIG", json.dumps(workers))
+    assert run("auto", own=True) == 1 and configured == [2, 2]
+    monkeypatch.delenv("TF_CONFIG")
+    assert run(1, own=True) == 1 and configured == [2, 2]
+    assert run(2, own=False) == 2 and configured == [2, 2, 2]
+
+    def started(count):
+        raise RuntimeError("must run before TensorFlow runs its first operation")
+
+    monkeypatch.setattr(streams, "configure_cpu_streams", started)
+    assert run("auto", own=True) == 1  # TensorFlow already runs: left as it is
+    with pytest.raises(cli.UsageError, match="--cpu-streams: must run before"):
+        run(2, own=True)
+    monkeypatch.setattr(streams, "recommended_cpu_streams", lambda: 1)
+    assert run("auto", own=True) == 1

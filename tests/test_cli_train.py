@@ -50,6 +50,7 @@ BAD_ARGUMENTS = [
     (["--resume"], "--resume"),
     (["--cpu-streams", "0"], "--cpu-streams"),
     (["--cpu-streams", "999"], "--cpu-streams"),
+    (["--cpu-streams", "many"], "--cpu-streams"),
 ]
 
 # Runs each command line through keras_vit.cli.main (what the `keras-vit`
@@ -184,6 +185,24 @@ def test_train_writes_outputs_then_evaluate_and_predict(npz, tmp_path):
     result = _cli("predict", str(image), "--model", out, "--top-k", "2")
     assert result.returncode == 0, result.stderr[-2000:]
     assert "1. " in result.stdout and "2. " in result.stdout and "3. " not in result.stdout
+
+
+def test_train_cpu_streams_auto_configures_the_recommended_streams(npz, tmp_path):
+    """The default --cpu-streams auto trains with the streams recommended_cpu_streams
+    gives in the same environment (2 on a 2-core CPU-only machine with oneDNN's
+    AVX-512 kernels, 1 elsewhere), and run.json keeps "auto" for --resume."""
+    onednn = {"TF_ENABLE_ONEDNN_OPTS": "1"}  # TensorFlow's default where AVX-512 has VNNI
+    code = "from keras_vit import streams; print(streams.recommended_cpu_streams())"
+    probe = _python("-c", code, **onednn)
+    assert probe.returncode == 0, probe.stderr[-2000:]
+    expected = int(probe.stdout.split()[-1])
+    out = str(tmp_path / "run")
+    result = _cli("train", "--data", npz, *TINY, "--epochs", "1", "--output", out, **onednn)
+    assert result.returncode == 0, result.stderr[-2000:]
+    training_line = next(line for line in result.stdout.splitlines() if line.startswith("Training"))
+    assert ("2 CPU streams" in training_line) == (expected == 2), (expected, training_line)
+    with open(os.path.join(out, "run.json")) as file:
+        assert json.load(file)["args"]["cpu_streams"] == "auto"
 
 
 def test_evaluate_and_predict_a_model_of_any_image_size(npz, tmp_path, capsys):

@@ -354,3 +354,45 @@ def test_configure_after_tensorflow_started_says_when_to_call_it():
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "refused:" in result.stdout and "before TensorFlow runs" in result.stdout
+
+
+def test_recommended_streams_follow_the_measured_machines(monkeypatch):
+    """2 only on a CPU-only machine of 2 cores whose oneDNN runs AVX-512."""
+    import tensorflow as tf
+
+    from keras_vit import _cpu
+
+    monkeypatch.setattr(_cpu, "onednn_avx512", lambda: True)
+    monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind=None: [])
+    assert streams.recommended_cpu_streams(cores=2) == 2
+    assert streams.recommended_cpu_streams(cores=1) == 1
+    assert streams.recommended_cpu_streams(cores=4) == 1  # not measured
+    gpu = tf.config.PhysicalDevice("/physical_device:GPU:0", "GPU")
+    monkeypatch.setattr(
+        tf.config, "list_physical_devices", lambda kind=None: [gpu] if kind == "GPU" else []
+    )
+    assert streams.recommended_cpu_streams(cores=2) == 1
+    monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind=None: [])
+    monkeypatch.setattr(_cpu, "onednn_avx512", lambda: False)  # AVX2: measured slower
+    assert streams.recommended_cpu_streams(cores=2) == 1
+    with pytest.raises(ValueError, match="cores"):
+        streams.recommended_cpu_streams(cores=0)
+
+
+def test_recommended_streams_leave_tensorflow_unstarted():
+    """configure_cpu_streams still works after recommended_cpu_streams (fresh process)."""
+    code = textwrap.dedent(
+        """
+        from keras_vit import streams
+        recommended = streams.recommended_cpu_streams()
+        threads = streams.configure_cpu_streams(2, cores=2)
+        print(recommended, threads)
+        """
+    )
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=ROOT)
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    recommended, threads = result.stdout.split()
+    assert recommended in ("1", "2") and threads == "1"

@@ -67,6 +67,11 @@ def _positive_int(text):
     return value
 
 
+def _cpu_streams(text):
+    """--cpu-streams: "auto" or a positive integer."""
+    return "auto" if text.strip().lower() == "auto" else _positive_int(text)
+
+
 def _positive_float(text):
     import argparse
 
@@ -185,13 +190,16 @@ def add_arguments(parser):
     )
     parser.add_argument(
         "--cpu-streams",
-        type=_positive_int,
-        default=1,
+        type=_cpu_streams,
+        default="auto",
         help="CPU only: cut each batch into N parts run side by side, each on cores/N "
-        "cores (keras_vit.streams; 2 on a 2-core machine trained 5-15%% faster in "
+        "cores (keras_vit.streams; 2 on a 2-core machine trained 5-16%% faster in "
         "the bench on an Intel Xeon and an AVX-512 AMD EPYC, and predicted 8-16%% "
         "faster on the Xeon; see README); with 1, evaluation with XLA still runs "
-        "each batch as two or more parts, two at once",
+        "each batch as two or more parts, two at once. auto (the default): 2 where "
+        "that was measured faster, a 2-core CPU-only machine whose oneDNN runs "
+        "AVX-512, with one replica; 1 elsewhere "
+        "(keras_vit.streams.recommended_cpu_streams)",
     )
     parser.add_argument(
         "--tensorboard", action="store_true", help="TensorBoard logs in OUTPUT/logs/"
@@ -652,13 +660,7 @@ def train(args, prepare_output=None, resume=False):
     from keras_vit import training
 
     output = args.output
-    if args.cpu_streams > 1:  # before TensorFlow runs an operation
-        from keras_vit import streams
-
-        try:
-            streams.configure_cpu_streams(args.cpu_streams)
-        except (ValueError, RuntimeError) as error:
-            raise UsageError(f"--cpu-streams: {error}") from None
+    cpu_streams = _configure_cpu_streams(args)  # before TensorFlow runs an operation
     try:  # first: MultiWorker needs it before ops
         strategy = training.get_strategy(args.strategy)
     except ValueError as error:  # a strategy of TensorFlow's on another Keras backend
@@ -711,6 +713,7 @@ def train(args, prepare_output=None, resume=False):
         f"{data.train_size} train / {data.validation_size} validation images, "
         f"{data.num_classes} classes, {args.epochs} epochs of {steps} steps, global batch "
         f"{args.batch_size} on {strategy.num_replicas_in_sync} replica(s), peak lr {lr:.2e}"
+        + (f", {cpu_streams} CPU streams" if cpu_streams > 1 else "")
         + (f"; resuming at step {done}" if done else "")
     )
     validation = data_module.eval_pipeline(data, args.batch_size)
@@ -757,6 +760,43 @@ def train(args, prepare_output=None, resume=False):
     for name in ("history.csv", "history.json", "curves.png"):
         print(f"  {name:14s} {os.path.join(output, name)}")
     return 0
+
+
+def _configure_cpu_streams(args):
+    """Configures the CPU streams --cpu-streams asks for, before TensorFlow runs an
+    operation; returns how many. "auto" configures `recommended_cpu_streams()` when
+    the command owns its process (run from the command line, not `cli.main([...])`
+    in a program whose threads are its own) and trains on one replica; and nothing,
+    rather than an error, where TensorFlow has already started."""
+    from keras_vit import streams
+
+    requested = args.cpu_streams
+    auto = requested == "auto"
+    if auto:
+        owned = getattr(args, "_own_process", False) and _one_replica(args.strategy)
+        requested = streams.recommended_cpu_streams() if owned else 1
+    if requested == 1:
+        return 1
+    try:
+        streams.configure_cpu_streams(requested)
+    except (ValueError, RuntimeError) as error:
+        if auto:  # TensorFlow already runs: its threads stay as they are
+            return 1
+        raise UsageError(f"--cpu-streams: {error}") from None
+    return requested
+
+
+def _one_replica(strategy):
+    """True when --strategy STRATEGY trains on one replica, as far as can be told before
+    TensorFlow starts: "default", or "auto" without TF_CONFIG workers or a TPU in sight
+    (several GPUs do not matter: with a GPU, no streams are recommended)."""
+    if strategy == "default":
+        return True
+    if strategy != "auto":
+        return False
+    from keras_vit import training
+
+    return training._tf_config_workers() <= 1 and not training.tpu_in_sight()
 
 
 def _task_index():
