@@ -18,4 +18,4 @@ if __name__ == "__main__":
     args += ["--image-size", "224", "--epochs", "10", "--batch-size", "64", "--lr", "0.01"]
     args += ["--optimizer", "sgd", "--weight-decay", "0", "--warmup-epochs", "1"]
     args += ["--skip-corrupt", "--flip", "yes"]
-    sys.exit(cli.main(args + rest))
+    sys.exit(cli.main(args + rest, own_process=True))  # this script owns its process
