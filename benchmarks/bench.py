@@ -554,7 +554,9 @@ def main(argv=None):
     report = {
         "date": started.strftime("%Y-%m-%d %H:%M UTC"),
         "machine": machine(),
-        "command": "python benchmarks/bench.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": " ".join(
+            ["python benchmarks/bench.py", *(sys.argv[1:] if argv is None else argv)]
+        ),
         "batch_size": args.batch_size,
         "dtype": args.dtype,
         "gemm_dtype": "float32" if args.dtype == "float32" else "bfloat16",

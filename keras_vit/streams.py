@@ -76,6 +76,8 @@ INFERENCE_PARTS = 2
 INFERENCE_PART_TOKENS = 1600
 # The most parts a batch is cut into for a token limit.
 MAX_PARTS = 8
+# TensorFlow's own thread settings: where one is set, no streams are recommended.
+THREAD_ENVS = ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS")
 
 
 def _available_cores():
@@ -130,7 +132,9 @@ def recommended_cpu_streams(cores=None):
     2-core AMD EPYC (Zen 4), and predicted at 0.94-1.16x the speed of one
     (at ViT-S/16 384 they peak 0.4-0.5 GB higher). 1 elsewhere: on a
     2-core AMD EPYC with AVX2 only, two streams trained 0.91-1.06x as fast as
-    one, and no machine of more cores was measured (README, Training).
+    one, and no machine of more cores was measured (README, Training). Also 1
+    where `TF_NUM_INTRAOP_THREADS` or `TF_NUM_INTEROP_THREADS` is set: the
+    threads were chosen.
 
     It reads the devices without starting TensorFlow's runtime, so
     `configure_cpu_streams(2)` still works after it (where it says 1, leave
@@ -139,6 +143,8 @@ def recommended_cpu_streams(cores=None):
     `cores` defaults to the cores this process may run on.
     """
     if keras.backend.backend() != "tensorflow":
+        return 1
+    if any(os.environ.get(name) for name in THREAD_ENVS):
         return 1
     cores = positive_int("cores", _available_cores() if cores is None else cores)
     if cores != 2 or not _cpu.onednn_avx512():

@@ -600,7 +600,7 @@ def _tpu_strategy(required):
     return tf.distribute.TPUStrategy(resolver)
 
 
-def tpu_in_sight():
+def _tpu_in_sight():
     """True where a TPU may be attached: TPU_NAME is set, or a TPU VM's device files exist."""
     return bool(
         os.environ.get("TPU_NAME") or os.path.exists("/dev/accel0") or os.path.exists("/dev/vfio")
@@ -638,7 +638,7 @@ def get_strategy(name="auto"):
         return tf.distribute.MultiWorkerMirroredStrategy()
     if name == "tpu":
         return _tpu_strategy(required=True)
-    if tpu_in_sight():
+    if _tpu_in_sight():
         strategy = _tpu_strategy(required=False)
         if strategy is not None:
             return strategy

@@ -364,7 +364,13 @@ def test_recommended_streams_follow_the_measured_machines(monkeypatch):
 
     monkeypatch.setattr(_cpu, "onednn_avx512", lambda: True)
     monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind=None: [])
+    for name in streams.THREAD_ENVS:
+        monkeypatch.delenv(name, raising=False)
     assert streams.recommended_cpu_streams(cores=2) == 2
+    for name in streams.THREAD_ENVS:  # threads the user chose are left alone
+        monkeypatch.setenv(name, "2")
+        assert streams.recommended_cpu_streams(cores=2) == 1
+        monkeypatch.delenv(name)
     assert streams.recommended_cpu_streams(cores=1) == 1
     assert streams.recommended_cpu_streams(cores=4) == 1  # not measured
     gpu = tf.config.PhysicalDevice("/physical_device:GPU:0", "GPU")

@@ -796,7 +796,7 @@ def _one_replica(strategy):
         return False
     from keras_vit import training
 
-    return training._tf_config_workers() <= 1 and not training.tpu_in_sight()
+    return training._tf_config_workers() <= 1 and not training._tpu_in_sight()
 
 
 def _task_index():
