@@ -1,6 +1,6 @@
 """keras_vit against its peers, side by side on this machine.
 
-    python benchmarks/bench.py                      # the full table (about 25 minutes)
+    python benchmarks/bench.py                      # the full table (about 40 minutes)
     python benchmarks/bench.py --quick              # ViT-S/16 at 224, 3 short rounds
     python benchmarks/bench.py --models S16-224,B16-224 --rounds 5
 
