@@ -130,7 +130,7 @@ def recommended_cpu_streams(cores=None):
     There two streams trained ViT-S/16 224, ViT-B/16 224 and ViT-S/16 384
     5-16% faster than one in the full bench runs of a 2-core Intel Xeon and a
     2-core AMD EPYC (Zen 4), and predicted at 0.94-1.16x the speed of one
-    (at ViT-S/16 384 they peak 0.4-0.5 GB higher). 1 elsewhere: on a
+    (at ViT-S/16 384 they peak 0.3-0.5 GB higher). 1 elsewhere: on a
     2-core AMD EPYC with AVX2 only, two streams trained 0.91-1.06x as fast as
     one, and no machine of more cores was measured (README, Training). Also 1
     where `TF_NUM_INTRAOP_THREADS` or `TF_NUM_INTEROP_THREADS` is set: the
