@@ -93,7 +93,15 @@ def configure_cpu_streams(streams=2, cores=None):
     Call it before TensorFlow runs its first operation (before any model is
     built); TensorFlow backend only. Returns the threads per operation. `cores` defaults to the cores
     this process may run on.
+
+    `streams="auto"` configures `recommended_cpu_streams(cores)` streams, as
+    `keras-vit train` does by default: where that is 1, nothing is changed
+    and None is returned (on any backend).
     """
+    if isinstance(streams, str) and streams == "auto":
+        streams = recommended_cpu_streams(cores)
+        if streams == 1:
+            return None
     streams = positive_int("streams", streams)
     if keras.backend.backend() != "tensorflow":
         raise ValueError(
@@ -137,9 +145,9 @@ def recommended_cpu_streams(cores=None):
     threads were chosen.
 
     It reads the devices without starting TensorFlow's runtime, so
-    `configure_cpu_streams(2)` still works after it (where it says 1, leave
-    the threads as they are: `configure_cpu_streams(1)` would give the
-    executor one thread).
+    `configure_cpu_streams(2)` still works after it. Where it says 1, leave
+    the threads as they are (`configure_cpu_streams(1)` would give the
+    executor one thread): `configure_cpu_streams("auto")` does both.
     `cores` defaults to the cores this process may run on.
     """
     if keras.backend.backend() != "tensorflow":

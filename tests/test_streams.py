@@ -391,8 +391,9 @@ def test_recommended_streams_leave_tensorflow_unstarted():
         """
         from keras_vit import streams
         recommended = streams.recommended_cpu_streams()
+        auto = streams.configure_cpu_streams("auto")
         threads = streams.configure_cpu_streams(2, cores=2)
-        print(recommended, threads)
+        print(recommended, auto, threads)
         """
     )
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=ROOT)
@@ -400,5 +401,13 @@ def test_recommended_streams_leave_tensorflow_unstarted():
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    recommended, threads = result.stdout.split()
+    recommended, auto, threads = result.stdout.split()
     assert recommended in ("1", "2") and threads == "1"
+    # "auto": the recommended streams, one thread per operation on 2 cores; or nothing.
+    assert auto == ("1" if recommended == "2" else "None")
+
+
+def test_auto_streams_change_nothing_where_one_is_recommended(monkeypatch):
+    monkeypatch.setattr(streams, "recommended_cpu_streams", lambda cores=None: 1)
+    assert streams.configure_cpu_streams("auto") is None
+    assert streams.configured_streams() == 1
