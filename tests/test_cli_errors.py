@@ -8,6 +8,7 @@ and data: most cases stop before any training.
 import argparse
 import json
 import os
+import warnings
 
 import keras
 import numpy as np
@@ -362,6 +363,26 @@ def test_train_data_too_small_is_refused_before_training(capsys, tmp_path, count
     args = ["train", "--data", data, *TINY, "--batch-size", "2", "--output", out]
     assert_usage_error(run_cli(capsys, *args), *phrases)
     assert not out.exists()
+
+
+def test_train_says_when_the_batch_is_larger_than_the_training_set(capsys, tmp_path):
+    """It trains (each batch repeats images) and says so, with the --batch-size that
+    would not; Keras' warning about `shuffle=True` with a Dataset is not shown."""
+    data = image_folder(tmp_path / "images", [4, 4])  # 6 train / 2 validation images
+    args = ["train", "--data", data, *TINY, "--batch-size", "16", "--epochs", "1"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        code, out, err = run_cli(capsys, *args, "--output", tmp_path / "run")
+    assert code == 0, err
+    assert "Note: the global batch of 16 is larger than the 6 training images" in out
+    assert "a --batch-size of at most 6 does not" in out
+    assert not [w for w in caught if "shuffle" in str(w.message)], caught
+    assert os.path.exists(tmp_path / "run" / "model.keras")
+    code, out, err = run_cli(
+        capsys, *args[:-4], "--batch-size", "6", "--epochs", "1", "--output", tmp_path / "run6"
+    )
+    assert code == 0, err
+    assert "Note:" not in out
 
 
 # 8. export: options of the other format --------------------------------------------

@@ -716,6 +716,12 @@ def train(args, prepare_output=None, resume=False):
         + (f", {cpu_streams} CPU streams" if cpu_streams > 1 else "")
         + (f"; resuming at step {done}" if done else "")
     )
+    if args.batch_size > data.train_size:
+        print(
+            f"Note: the global batch of {args.batch_size} is larger than the "
+            f"{data.train_size} training images, so each batch holds some of them more than "
+            f"once (a --batch-size of at most {data.train_size} does not)."
+        )
     validation = data_module.eval_pipeline(data, args.batch_size)
     verbose = 0 if args.quiet else 1
     epoch = done // steps
@@ -1065,6 +1071,7 @@ def _fit(model, data, args, work_dir, skip, epoch, end_epoch, steps, validation,
         validation_data=validation,
         callbacks=callbacks,
         verbose=verbose,
+        shuffle=False,  # the pipeline shuffles; Keras warns that it ignores True for a Dataset
     )
     if model.stop_training:  # only TerminateOnNaN stops a run early
         step = int(model.optimizer.iterations.numpy())
