@@ -150,12 +150,13 @@ def recommended_cpu_streams(cores=None):
     executor one thread): `configure_cpu_streams("auto")` does both.
     `cores` defaults to the cores this process may run on.
     """
+    if cores is not None:  # a bad value is an error wherever the answer is 1 anyway
+        cores = positive_int("cores", cores)
     if keras.backend.backend() != "tensorflow":
         return 1
     if any(os.environ.get(name) for name in THREAD_ENVS):
         return 1
-    cores = positive_int("cores", _available_cores() if cores is None else cores)
-    if cores != 2 or not _cpu.onednn_avx512():
+    if (_available_cores() if cores is None else cores) != 2 or not _cpu.onednn_avx512():
         return 1
     import tensorflow as tf
 

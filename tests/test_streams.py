@@ -383,6 +383,11 @@ def test_recommended_streams_follow_the_measured_machines(monkeypatch):
     assert streams.recommended_cpu_streams(cores=2) == 1
     with pytest.raises(ValueError, match="cores"):
         streams.recommended_cpu_streams(cores=0)
+    monkeypatch.setenv(streams.THREAD_ENVS[0], "2")  # where the answer is 1 anyway
+    with pytest.raises(ValueError, match="cores"):
+        streams.recommended_cpu_streams(cores=0)
+    with pytest.raises(ValueError, match="cores"):
+        streams.configure_cpu_streams("auto", cores=-1)
 
 
 def test_recommended_streams_leave_tensorflow_unstarted():
