@@ -213,6 +213,93 @@ def test_bench_targets_rate_every_keras_vit_variant_against_the_fastest_peer():
     assert "target 1.20x: MISSED" in train_line
 
 
+def test_plot_draws_each_contenders_medians_and_refuses_what_is_not_a_report(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    plot = load_benchmark_script("plot")
+
+    def entry(infer, train, rss):
+        return {
+            "skipped": None,
+            "infer_images_per_s": 20 * infer,
+            "train_images_per_s": 6 * train,
+            "infer_fraction_of_limit": infer,
+            "train_fraction_of_limit": train,
+            "peak_rss_gb": rss,
+        }
+
+    report = {
+        "results": [
+            {
+                "config": "S16-224",
+                "contenders": {
+                    "keras_vit": entry(0.9, 0.8, 2.0),
+                    "timm": entry(0.7, 0.6, 1.5),
+                    "vit_keras": {"skipped": "not installed"},
+                },
+            },
+            {
+                "config": "B16-224",
+                "contenders": {
+                    "keras_vit": entry(1.0, 0.95, 3.2),
+                    "timm": entry(0.8, 0.7, 2.8),
+                    "vit_keras": entry(0.75, 0.65, 4.25),
+                },
+            },
+        ],
+        "batch_size": 8,
+        "dtype": "float32",
+        "date": "today",
+        "machine": "here",
+    }
+
+    def bars(axis):  # (model, contender's slot) -> height; 3 slots in a model's 0.8
+        found = {}
+        for patch in axis.patches:
+            centre = patch.get_x() + patch.get_width() / 2
+            model = round(centre)
+            slot = round((centre - model + 0.4) / (0.8 / 3) - 0.5)
+            found[model, slot] = round(float(patch.get_height()), 6)
+        return found
+
+    figure = plot.figure_of(report)
+    inference, training, memory = figure.axes
+    # Slots in bench.py's order (vit_keras, skipped at S/16, still gets the third);
+    # speed as a percentage of the machine's limit, memory in GB.
+    assert bars(inference) == {(0, 0): 90, (0, 1): 70, (1, 0): 100, (1, 1): 80, (1, 2): 75}
+    assert bars(training) == {(0, 0): 80, (0, 1): 60, (1, 0): 95, (1, 1): 70, (1, 2): 65}
+    assert bars(memory) == {(0, 0): 2.0, (0, 1): 1.5, (1, 0): 3.2, (1, 1): 2.8, (1, 2): 4.25}
+    assert inference.get_ylabel() == "% of the machine's limit"
+    assert [t.get_text() for t in inference.get_xticklabels()] == ["ViT-S/16 224", "ViT-B/16 224"]
+    legend = [text.get_text() for text in figure.legends[0].get_texts()]
+    assert legend == ["keras_vit", "timm", "vit-keras"]
+
+    # A run without the GEMM probe has no shares: images/s instead.
+    del report["results"][1]["contenders"]["timm"]["train_fraction_of_limit"]
+    del report["results"][1]["contenders"]["timm"]["infer_fraction_of_limit"]
+    inference, training, _ = plot.figure_of(report).axes
+    assert training.get_ylabel() == "images/s"
+    assert bars(training)[(1, 1)] == pytest.approx(6 * 0.7)
+
+    source = tmp_path / "run.json"
+    source.write_text(json.dumps(report))
+    output = tmp_path / "charts" / "run.png"
+    plot.main([str(source), "--output", str(output)])
+    assert output.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    with pytest.raises(SystemExit, match="no such file"):
+        plot.main([str(tmp_path / "missing.json")])
+    (tmp_path / "other.json").write_text(json.dumps({"rounds": 5}))
+    with pytest.raises(SystemExit, match="not a bench.py report"):
+        plot.main([str(tmp_path / "other.json")])
+    (tmp_path / "broken.json").write_text("{")
+    with pytest.raises(SystemExit, match="cannot read .* as JSON"):
+        plot.main([str(tmp_path / "broken.json")])
+    with pytest.raises(SystemExit) as exit_info:
+        plot.main([str(source), "--output", str(tmp_path / "run.txt")])
+    assert exit_info.value.code == 2
+    assert "--output must end in .png, .svg or .pdf" in capsys.readouterr().err
+
+
 def _gpu_script(tmp_path, **env):
     env = dict(os.environ, CPU_CHECK="1", OUT=str(tmp_path), PYTHON=sys.executable, **env)
     env.pop("KERAS_BACKEND", None)  # the script's default, JAX
