@@ -590,6 +590,7 @@ def main(argv=None):
             handle.write(text)
     written = os.path.join(args.output, f"bench-{stamp}{suffix}")
     log(f"wrote {written}.json/.md ({report['seconds']:.0f} s)")
+    log(f"a chart of it: python benchmarks/plot.py {written}.json --output {written}.png")
     return 0
 
 
