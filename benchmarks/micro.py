@@ -10,7 +10,8 @@ gemm       float32 matrix products at the model's shapes: TensorFlow (oneDNN), X
            of the rows as two 1-thread products at the same time (keras_vit.streams)
 mlp        the MLP on (batch, tokens, D) against (batch * tokens, D) rows, graph and XLA
 attention  the attention core (softmax(q k^T) v) written four ways, forward and backward
-           (keras_vit's: one transpose, unstack, einsums, a hand-written backward pass)
+           (keras_vit's: one transpose, unstack, einsums, a hand-written backward pass);
+           with KERAS_BACKEND=jax, under jax.jit on JAX (the other benchmarks are TensorFlow's)
 block      one TransformerBlock and its parts, forward and forward + backward
 model      the whole ViT-S/16: inference and training-step images/s, peak RSS
 
@@ -47,6 +48,13 @@ def median_seconds(function, repeats=7, inner=5):
 
 
 def _block(result):
+    import keras
+
+    if keras.backend.backend() == "jax":
+        import jax
+
+        jax.block_until_ready(result)
+        return
     import tensorflow as tf
 
     for value in tf.nest.flatten(result):
@@ -135,7 +143,8 @@ def _attention_variants():
         return getattr(attention, core)(query * scale, key, value)
 
     def per_head(qkv):
-        # What graph mode runs from PER_HEAD_MIN_TOKENS on (XLA keeps the batched core).
+        # What graph mode and JAX on the CPU run from PER_HEAD_MIN_TOKENS on (TensorFlow's
+        # XLA keeps the batched core).
         return custom_backward(qkv, "_attention_core_per_head")
 
     def dot_product_attention(qkv):
@@ -163,7 +172,34 @@ def _forward_and_backward(function, inputs, variables=()):
     return step
 
 
+def bench_attention_jax(tokens):
+    # KERAS_BACKEND=jax: the variants under jax.jit; forward + backward is jax.vjp's
+    # forward and its pullback of a fixed upstream gradient. Each variant's
+    # compiled forward + backward also reports XLA's temporary buffer.
+    import jax
+
+    qkv = jax.random.normal(jax.random.PRNGKey(0), (BATCH, tokens, 3, HEADS, DIM // HEADS))
+    variants = _attention_variants()
+    variants.pop("transpose + matmul (before)")  # einsum's twin on JAX
+    reference = np.asarray(variants["einsum (before)"](qkv))
+    upstream = jax.random.normal(jax.random.PRNGKey(1), reference.shape)
+    print("attention core (JAX): forward ms / forward + backward ms, temporary MB")
+    for name, function in variants.items():
+        np.testing.assert_allclose(np.asarray(function(qkv)), reference, atol=1e-4)
+        forward = jax.jit(function)
+        both = jax.jit(lambda x, f=function: jax.vjp(f, x)[1](upstream))
+        temporary = both.lower(qkv).compile().memory_analysis().temp_size_in_bytes
+        print(
+            f"  {name:30s} xla   {median_seconds(lambda f=forward: f(qkv)) * 1e3:6.2f}"
+            f" / {median_seconds(lambda f=both: f(qkv)) * 1e3:6.2f}, {temporary / 2**20:.0f} MB"
+        )
+
+
 def bench_attention(tokens):
+    import keras
+
+    if keras.backend.backend() == "jax":
+        return bench_attention_jax(tokens)
     import tensorflow as tf
 
     qkv = tf.random.normal((BATCH, tokens, 3, HEADS, DIM // HEADS))

@@ -138,6 +138,15 @@ def _onednn_can_use(flags, isas_without):
     return bool(cpu_flags() & flags)
 
 
+def jax_on_cpu():
+    """True on the JAX backend when JAX computes on the CPU (its default backend)."""
+    if keras.backend.backend() != "jax":
+        return False
+    import jax
+
+    return jax.default_backend() == "cpu"
+
+
 def cpu_only_tensorflow():
     """True on the TensorFlow backend when no GPU or TPU is visible."""
     if keras.backend.backend() != "tensorflow":

@@ -69,10 +69,13 @@ def npz(tmp_path):
 
 @pytest.fixture
 def per_head_calls(monkeypatch):
-    """Makes TensorFlow take the per-head attention core from 2 tokens on; counts its calls."""
-    if keras.backend.backend() != "tensorflow":
-        pytest.skip("the per-head core is TensorFlow's")
+    """Makes keras_vit take the per-head attention core from 2 tokens on (TensorFlow
+    on a CPU outside XLA, JAX on its CPU backend); counts its calls."""
+    from keras_vit import _cpu
     from keras_vit.layers import attention
+
+    if not (_cpu.cpu_only_tensorflow() or _cpu.jax_on_cpu()):
+        pytest.skip("the per-head core runs on TensorFlow or JAX, on the CPU")
 
     calls = []
     per_head = attention._attention_core_per_head

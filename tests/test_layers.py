@@ -476,6 +476,7 @@ def test_attention_gradients_match_finite_differences_of_numpy(mode, core, reque
         assert calls, "the per-head core did not run"
 
 
+@pytest.mark.tensorflow_only
 def test_attention_per_head_core_in_mixed_precision_and_not_under_xla(per_head_calls):
     import tensorflow as tf
 
@@ -520,6 +521,69 @@ def test_per_head_attention_training_does_not_keep_the_weights(per_head_calls):
     assert len(per_head_calls) >= count + blocks, "the traced step did not take the per-head core"
     kept_weights = blocks * batch * heads * tokens * tokens * 4
     assert peak < 0.5 * kept_weights, (peak, kept_weights)
+
+
+def test_per_head_attention_on_jax_keeps_no_weights_and_trains_alike(per_head_calls):
+    # JAX on the CPU takes the per-head core in compiled code too. Twelve
+    # attention layers on a residual stream, value and gradients under jax.jit:
+    # the same numbers as the batched core, in float32 and in mixed bfloat16,
+    # and XLA's temporary buffer stays under half of the (batch, heads, tokens,
+    # tokens) weights that the batched core keeps for its backward pass.
+    if keras.backend.backend() != "jax":
+        pytest.skip("JAX's per-head core")
+    import jax
+
+    from keras_vit.layers.attention import batched_core_only
+
+    batch, tokens, heads, blocks = 4, 256, 2, 12
+    x = RNG.normal(size=(batch, tokens, 16)).astype("float32")
+
+    def compiled_step(dtype):
+        stack = [layers.MultiHeadSelfAttention(heads, dtype=dtype) for _ in range(blocks)]
+        for layer in stack:
+            layer(x)
+
+        def loss(weights, x):
+            h = x
+            for layer, own in zip(stack, weights):
+                out, _ = layer.stateless_call(own, [], h.astype(layer.compute_dtype))
+                h = h + out.astype("float32")
+            return (h**2).sum()
+
+        # Random weights small enough for twelve residual layers to stay near 1.
+        weights = [
+            [RNG.normal(0, 0.1, v.shape).astype("float32") for v in layer.trainable_variables]
+            for layer in stack
+        ]
+        return jax.jit(jax.value_and_grad(loss)), weights
+
+    step, weights = compiled_step("float32")
+    count = len(per_head_calls)
+    per_head = step.lower(weights, x).compile()
+    assert len(per_head_calls) >= count + blocks, "the compiled step did not take the per-head core"
+    loss, grads = per_head(weights, x)
+    with batched_core_only():
+        step, _ = compiled_step("float32")
+        batched = step.lower(weights, x).compile()
+    expected_loss, expected = batched(weights, x)
+    np.testing.assert_allclose(float(loss), float(expected_loss), rtol=1e-5)
+    for g, e in zip(jax.tree.leaves(grads), jax.tree.leaves(expected)):
+        np.testing.assert_allclose(
+            np.asarray(g), np.asarray(e), rtol=1e-3, atol=1e-3 * abs(e).max()
+        )
+    kept_weights = blocks * batch * heads * tokens * tokens * 4
+    batched_temporary = batched.memory_analysis().temp_size_in_bytes
+    per_head_temporary = per_head.memory_analysis().temp_size_in_bytes
+    assert batched_temporary > kept_weights  # the measure sees kept weights
+    assert per_head_temporary < 0.5 * kept_weights, (per_head_temporary, kept_weights)
+
+    step, _ = compiled_step("mixed_bfloat16")
+    half_loss, half_grads = step(weights, x)
+    assert abs(float(half_loss) - float(expected_loss)) < 0.05 * float(expected_loss)
+    for g, e in zip(jax.tree.leaves(half_grads), jax.tree.leaves(expected)):
+        g = np.asarray(g, dtype="float32")
+        assert np.all(np.isfinite(g))
+        np.testing.assert_allclose(g, np.asarray(e), rtol=0.1, atol=0.15 * abs(e).max())
 
 
 def test_attention_gradients_with_attention_dropout_and_in_mixed_precision():

@@ -67,7 +67,8 @@ def _attention_core(query, key, value):
 
 
 # From this many query and key tokens (577 at 384 x 384 with 16-pixel patches)
-# the core runs one (image, head) pair at a time in TensorFlow's graph mode on CPUs.
+# the core runs one (image, head) pair at a time in TensorFlow's graph mode on
+# CPUs, and on JAX's CPU backend.
 PER_HEAD_MIN_TOKENS = 512
 
 
@@ -110,20 +111,29 @@ def _runs_per_head(query, key):
     577 tokens, batch 8, 6 heads (`python benchmarks/micro.py attention
     --tokens 577`): the core's forward 94.7 -> 56.2 ms, forward + backward
     253.0 -> 168.7 ms; a ViT-S/16 at 384 in graph mode predicted 1.18-1.26x
-    and trained 1.11-1.42x faster (docs/performance.md, "Long sequences"). Under XLA the whole model was not faster
-    (0.97x), and at 197 tokens the pairs lose, so both keep the batched core.
+    and trained 1.11-1.42x faster (docs/performance.md, "Long sequences").
+    Under TensorFlow's XLA the whole model was not faster (0.97x), so it keeps
+    the batched core. On JAX's CPU backend (every call compiled by XLA) the
+    pairs win: at 577 tokens the core's forward ran 1.7-2.1x and forward +
+    backward 1.5x faster, and its backward pass keeps no weights
+    (`python benchmarks/micro.py attention --tokens 577` with
+    KERAS_BACKEND=jax; docs/performance.md, "Long sequences on JAX"). At 197
+    tokens the pairs lose everywhere.
     """
     tokens = (query.shape[2], key.shape[2])
     if _batched_only or any(count is None or count < PER_HEAD_MIN_TOKENS for count in tokens):
         return False
+    if keras.backend.backend() == "jax":
+        return _cpu.jax_on_cpu()
     return _cpu.cpu_only_tensorflow() and not _in_xla_program()
 
 
 def _attention_core_per_head(query, key, value):
-    """`_attention_core` on TensorFlow, one (image, head) pair per loop step.
+    """`_attention_core`, one (image, head) pair per loop step.
 
     The same arithmetic on 2-D products inside a `tf.map_fn` loop (a while
-    loop in the graph, in XLA and in a SavedModel), but training keeps less.
+    loop in the graph, in XLA and in a SavedModel; `jax.lax.map` on JAX, see
+    `_attention_core_per_head_jax`), but training keeps less.
     The backward pass recomputes each pair's weights from its query and key
     instead of keeping the (batch, heads, tokens, tokens) weights from the
     forward pass: the largest tensor a block keeps at long sequences (64 MB
@@ -135,6 +145,8 @@ def _attention_core_per_head(query, key, value):
     the gradients, are those of keeping them, bit for bit (checked on this
     machine at 577 tokens).
     """
+    if keras.backend.backend() == "jax":
+        return _attention_core_per_head_jax(query, key, value)
     import tensorflow as tf
 
     heads, queries, head_dim = query.shape[1], query.shape[2], query.shape[3]
@@ -196,6 +208,71 @@ def _attention_core_per_head(query, key, value):
 
         return result, grad
 
+    return core(query, key, value)
+
+
+def _attention_core_per_head_jax(query, key, value):
+    """`_attention_core_per_head` on JAX: a `jax.lax.map` over the pairs.
+
+    The same forward and backward arithmetic as the TensorFlow loop, written
+    as a `jax.custom_vjp`: the backward pass keeps the query, key, value and
+    the output as returned (which the output projection keeps anyway), and
+    recomputes each pair's weights.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    heads, queries, head_dim = query.shape[1], query.shape[2], query.shape[3]
+    keys = key.shape[2]
+
+    def pairs(tensor, tokens):  # (batch, heads, tokens, head_dim) -> (pairs, tokens, head_dim)
+        return jnp.reshape(tensor, (-1, tokens, head_dim))
+
+    def weights_of(q, k):
+        return jax.nn.softmax((q @ k.T).astype(jnp.float32), axis=-1)
+
+    def forward(query, key, value):
+        def pair_forward(pair):
+            q, k, v = pair
+            return weights_of(q, k).astype(v.dtype) @ v
+
+        outputs = jax.lax.map(
+            pair_forward, (pairs(query, queries), pairs(key, keys), pairs(value, keys))
+        )
+        # (pairs, queries, head_dim) -> (batch, queries, heads, head_dim)
+        return jnp.transpose(jnp.reshape(outputs, (-1, heads, queries, head_dim)), (0, 2, 1, 3))
+
+    def forward_keeping(query, key, value):
+        result = forward(query, key, value)
+        return result, (query, key, value, result)
+
+    def backward(kept, upstream):
+        query, key, value, result = kept
+
+        def pair_backward(pair):
+            row, d_o, q, k, v = pair
+            w = weights_of(q, k)
+            d_value = w.astype(d_o.dtype).T @ d_o
+            d_weights = (d_o @ v.T).astype(jnp.float32)
+            d_logits = (w * (d_weights - row)).astype(q.dtype)
+            return d_logits @ k, d_logits.T @ q, d_value
+
+        # The softmax's row term sum_d dO * O, from the output as returned.
+        row = jnp.sum(upstream.astype(jnp.float32) * result.astype(jnp.float32), axis=-1)
+        row = jnp.reshape(jnp.transpose(row, (0, 2, 1)), (-1, queries, 1))
+        d_outputs = pairs(jnp.transpose(upstream, (0, 2, 1, 3)), queries)
+        d_query, d_key, d_value = jax.lax.map(
+            pair_backward,
+            (row, d_outputs, pairs(query, queries), pairs(key, keys), pairs(value, keys)),
+        )
+        return (
+            jnp.reshape(d_query, query.shape),
+            jnp.reshape(d_key, key.shape),
+            jnp.reshape(d_value, value.shape),
+        )
+
+    core = jax.custom_vjp(forward)
+    core.defvjp(forward_keeping, backward)
     return core(query, key, value)
 
 
@@ -357,7 +434,7 @@ def runs_per_head(model):
     True when a built `MultiHeadSelfAttention` of `model` (nested layers
     included) reads at least `PER_HEAD_MIN_TOKENS` tokens: on a TensorFlow
     machine without GPU or TPU, its graph-mode calls run one (image, head)
-    pair at a time.
+    pair at a time (on JAX's CPU backend, all its calls do).
     """
     return (tokens_per_image(model) or 0) >= PER_HEAD_MIN_TOKENS
 
