@@ -118,7 +118,7 @@ def _runs_per_head(query, key):
     backward 1.5x faster, and its backward pass keeps no weights
     (`python benchmarks/micro.py attention --tokens 577` with
     KERAS_BACKEND=jax; docs/performance.md, "Long sequences on JAX"). At 197
-    tokens the pairs lose everywhere.
+    tokens they gain nothing on either backend.
     """
     tokens = (query.shape[2], key.shape[2])
     if _batched_only or any(count is None or count < PER_HEAD_MIN_TOKENS for count in tokens):
