@@ -300,6 +300,71 @@ def test_plot_draws_each_contenders_medians_and_refuses_what_is_not_a_report(tmp
     assert "--output must end in .png, .svg or .pdf" in capsys.readouterr().err
 
 
+JAX_DATA_PARALLEL_SCRIPT = """
+import contextlib, json
+import jax, keras, numpy as np
+import keras_vit
+from keras_vit.layers import attention
+
+calls = []
+per_head = attention._attention_core_per_head
+attention._attention_core_per_head = lambda *a: calls.append(1) or per_head(*a)
+attention.PER_HEAD_MIN_TOKENS = 2
+keras.distribution.set_distribution(keras.distribution.DataParallel(devices=jax.devices()))
+rng = np.random.default_rng(0)
+x = rng.uniform(-1, 1, (16, 32, 32, 3)).astype("float32")
+y = rng.integers(0, 10, 16)
+out = {"devices": len(jax.devices())}
+for name in ("batched", "per_head"):
+    keras.utils.set_random_seed(1)
+    model = keras_vit.VisionTransformer(
+        image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=32, mlp_dim=64,
+        num_classes=10,
+    )
+    model.compile(
+        optimizer=keras.optimizers.AdamW(1e-3),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        jit_compile=True,
+    )
+    before = len(calls)
+    with attention.batched_core_only() if name == "batched" else contextlib.nullcontext():
+        history = model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+        logits = model.predict(x, batch_size=8, verbose=0)
+    out[name] = {
+        "loss": history.history["loss"], "logits": logits.tolist(), "calls": len(calls) - before,
+    }
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="needs jax")
+def test_jax_per_head_core_trains_data_parallel_over_two_cpu_devices():
+    # The per-pair core under keras.distribution.DataParallel: its lax.map runs
+    # over a batch sharded across 2 CPU devices, and fit must train as the
+    # batched core does. A process of its own: the device count is set before
+    # JAX starts.
+    env = dict(
+        os.environ,
+        KERAS_BACKEND="jax",
+        XLA_FLAGS="--xla_force_host_platform_device_count=2",
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", JAX_DATA_PARALLEL_SCRIPT],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["devices"] == 2
+    assert out["batched"]["calls"] == 0 and out["per_head"]["calls"] > 0
+    np.testing.assert_allclose(out["per_head"]["loss"], out["batched"]["loss"], rtol=1e-5)
+    np.testing.assert_allclose(
+        out["per_head"]["logits"], out["batched"]["logits"], rtol=1e-4, atol=1e-5
+    )
+
+
 def _gpu_script(tmp_path, **env):
     env = dict(os.environ, CPU_CHECK="1", OUT=str(tmp_path), PYTHON=sys.executable, **env)
     env.pop("KERAS_BACKEND", None)  # the script's default, JAX
