@@ -180,7 +180,9 @@ def bench_attention_jax(tokens):
 
     qkv = jax.random.normal(jax.random.PRNGKey(0), (BATCH, tokens, 3, HEADS, DIM // HEADS))
     variants = _attention_variants()
-    variants.pop("transpose + matmul (before)")  # einsum's twin on JAX
+    # Left out for a shorter run: on JAX it was slower than einsum, whose backward
+    # pass is one dot_general (docs/performance.md, the JAX row of the table).
+    variants.pop("transpose + matmul (before)")
     reference = np.asarray(variants["einsum (before)"](qkv))
     upstream = jax.random.normal(jax.random.PRNGKey(1), reference.shape)
     print("attention core (JAX): forward ms / forward + backward ms, temporary MB")

@@ -67,7 +67,8 @@ def style_of(name, index):
 
 
 def panels(results):
-    """(title, y label, key, scale, limit line) for the three panels."""
+    """(title, y label, key, scale) for the three panels; a scale of 100 draws
+    shares of the machine's limit in %, with the limit as a dashed line."""
     shares = all(
         entry.get("infer_fraction_of_limit") is not None
         for result in results
@@ -76,14 +77,14 @@ def panels(results):
     )
     if shares:
         return [
-            ("inference", "% of the machine's limit", "infer_fraction_of_limit", 100, 100),
-            ("training step", "% of the machine's limit", "train_fraction_of_limit", 100, 100),
-            ("peak training memory", "GB resident", "peak_rss_gb", 1, None),
+            ("inference", "% of the machine's limit", "infer_fraction_of_limit", 100),
+            ("training step", "% of the machine's limit", "train_fraction_of_limit", 100),
+            ("peak training memory", "GB resident", "peak_rss_gb", 1),
         ]
     return [
-        ("inference", "images/s", "infer_images_per_s", 1, None),
-        ("training step", "images/s", "train_images_per_s", 1, None),
-        ("peak training memory", "GB resident", "peak_rss_gb", 1, None),
+        ("inference", "images/s", "infer_images_per_s", 1),
+        ("training step", "images/s", "train_images_per_s", 1),
+        ("peak training memory", "GB resident", "peak_rss_gb", 1),
     ]
 
 
@@ -100,7 +101,7 @@ def figure_of(report):
     width = 0.8 / len(names)
     figure = matplotlib.figure.Figure(figsize=(15, 4.8), layout="constrained")
     axes = figure.subplots(1, 3)
-    for axis, (title, ylabel, key, scale, limit) in zip(axes, panels(results)):
+    for axis, (title, ylabel, key, scale) in zip(axes, panels(results)):
         for index, name in enumerate(names):
             colour = style_of(name, index)[1]
             for position, result in enumerate(results):
@@ -120,11 +121,11 @@ def figure_of(report):
                         ha="center",
                         fontsize=7,
                     )
-        if limit is not None:
-            axis.axhline(limit, color="black", linestyle="--", linewidth=1)
+        if scale == 100:  # shares: the limit is 100%
+            axis.axhline(100, color="black", linestyle="--", linewidth=1)
             axis.annotate(
                 "float32 GEMM limit",
-                (1.0, limit),
+                (1.0, 100),
                 xycoords=("axes fraction", "data"),
                 xytext=(-4, 3),
                 textcoords="offset points",

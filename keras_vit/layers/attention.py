@@ -123,9 +123,7 @@ def _runs_per_head(query, key):
     tokens = (query.shape[2], key.shape[2])
     if _batched_only or any(count is None or count < PER_HEAD_MIN_TOKENS for count in tokens):
         return False
-    if keras.backend.backend() == "jax":
-        return _cpu.jax_on_cpu()
-    return _cpu.cpu_only_tensorflow() and not _in_xla_program()
+    return _cpu.jax_on_cpu() or (_cpu.cpu_only_tensorflow() and not _in_xla_program())
 
 
 def _attention_core_per_head(query, key, value):
