@@ -365,6 +365,55 @@ def test_jax_per_head_core_trains_data_parallel_over_two_cpu_devices():
     )
 
 
+SEED_WITHOUT_TENSORFLOW_SCRIPT = """
+import json, sys
+import keras, numpy as np
+sys.path.insert(0, sys.argv[1])
+import runner
+runner.seed_keras(7)
+first = (keras.ops.convert_to_numpy(keras.random.normal((4,))).tolist(), np.random.rand())
+runner.seed_keras(7)
+again = (keras.ops.convert_to_numpy(keras.random.normal((4,))).tolist(), np.random.rand())
+runner.seed_keras(8)
+other = keras.ops.convert_to_numpy(keras.random.normal((4,))).tolist()
+print(json.dumps(dict(first=first, again=again, other=other, tf="tensorflow" in sys.modules)))
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="needs jax")
+def test_bench_runner_seeds_jax_without_loading_tensorflow():
+    # keras.utils.set_random_seed imports TensorFlow on any backend where it is
+    # installed; the runner's JAX contender must seed Keras and NumPy all the
+    # same, and hold no TensorFlow, up to its measured training step.
+    env = dict(os.environ, KERAS_BACKEND="jax")
+    bench = os.path.join(ROOT, "benchmarks")
+    done = subprocess.run(
+        [sys.executable, "-c", SEED_WITHOUT_TENSORFLOW_SCRIPT, bench],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["tf"] is False
+    assert out["first"] == out["again"] and out["other"] != out["first"][0]
+    run = subprocess.run(
+        [sys.executable, os.path.join(bench, "runner.py"), "--contender", "keras_vit"]
+        + ["--model", "Ti16", "--image-size", "32", "--warmup", "1", "--option", "jit=1"],
+        input="train 0\nquit\n",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = [json.loads(line) for line in run.stdout.splitlines()]
+    assert lines[0]["ready"] and "(jax)" in lines[0]["description"]
+    assert lines[0]["tensorflow_loaded"] is False
+    assert lines[1]["kind"] == "train" and lines[-1]["done"]
+
+
 def _gpu_script(tmp_path, **env):
     env = dict(os.environ, CPU_CHECK="1", OUT=str(tmp_path), PYTHON=sys.executable, **env)
     env.pop("KERAS_BACKEND", None)  # the script's default, JAX
