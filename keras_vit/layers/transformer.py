@@ -5,7 +5,7 @@ import math
 import keras
 from keras import ops
 
-from keras_vit.layers._backward import tied_to_upstream
+from keras_vit.layers._backward import remat, tied_to_upstream
 from keras_vit.layers._checks import boolean, positive_int
 from keras_vit.layers._checks import rate as check_rate
 from keras_vit.layers.attention import MultiHeadSelfAttention
@@ -361,7 +361,7 @@ class TransformerBlock(keras.layers.Layer):
         else:
             first_token_only = boolean("first_token_only", first_token_only)
         if self.remat and training:
-            return keras.remat(lambda x: self._forward(x, training, first_token_only))(inputs)
+            return remat(self, lambda x: self._forward(x, training, first_token_only))(inputs)
         return self._forward(inputs, training, first_token_only)
 
     def _forward(self, inputs, training, first_token_only):
@@ -393,7 +393,7 @@ class TransformerBlock(keras.layers.Layer):
             return layer_call
 
         def call(inputs, training=None, **kwargs):
-            return keras.remat(lambda x: layer_call(x, training=training, **kwargs))(inputs)
+            return remat(self, lambda x: layer_call(x, training=training, **kwargs))(inputs)
 
         return call
 
