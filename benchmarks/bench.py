@@ -59,6 +59,8 @@ CONTENDERS = {
     "keras_vit": ("keras_vit", {"KERAS_BACKEND": "tensorflow"}, {"jit": "auto"}),
     "keras_vit[xla]": ("keras_vit", {"KERAS_BACKEND": "tensorflow"}, {"jit": "1"}),
     "keras_vit[jax]": ("keras_vit", {"KERAS_BACKEND": "jax"}, {"jit": "1"}),
+    # On JAX with gradient checkpointing of every block: the least memory.
+    "keras_vit[jax-remat]": ("keras_vit", {"KERAS_BACKEND": "jax"}, {"jit": "1", "remat": "1"}),
     # keras_vit.streams: each batch in two parts run side by side, one per core group
     # (what `keras-vit train --cpu-streams auto` picks on a 2-core CPU with oneDNN's
     # AVX-512 kernels: keras_vit.streams.recommended_cpu_streams).
@@ -105,12 +107,14 @@ CONTENDERS = {
     "timm": ("timm", {}, {}),
 }
 # The default, what `keras-vit train` runs by default on a 2-core CPU whose oneDNN
-# runs AVX-512 (streams), the memory option (remat), and the JAX backend.
+# runs AVX-512 (streams), the memory option (remat), and the JAX backend (with
+# and without remat).
 DEFAULT_CONTENDERS = [
     "keras_vit",
     "keras_vit[streams]",
     "keras_vit[remat]",
     "keras_vit[jax]",
+    "keras_vit[jax-remat]",
     "keras_hub",
     "vit_keras",
     "timm",

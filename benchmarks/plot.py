@@ -29,6 +29,7 @@ STYLE = {
     "keras_vit[streams]": ("keras_vit, two CPU streams", "#3182bd"),
     "keras_vit[remat]": ("keras_vit, remat", "#6baed6"),
     "keras_vit[jax]": ("keras_vit, JAX", "#9ecae1"),
+    "keras_vit[jax-remat]": ("keras_vit, JAX, remat", "#c6dbef"),
     "keras_hub": ("keras-hub", "#e6550d"),
     "vit_keras": ("vit-keras", "#fdae6b"),
     "timm": ("timm", "#31a354"),
