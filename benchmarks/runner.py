@@ -66,7 +66,9 @@ def seed_keras(seed):
     step and the runner's NumPy batches never use. So on a backend other than
     TensorFlow, and while nothing else has imported it, the import is refused
     for the call (a None entry in sys.modules makes it raise ImportError,
-    which Keras takes for "not installed").
+    which Keras takes for "not installed" and remembers: for the rest of the
+    process Keras treats TensorFlow as absent, which the runner's NumPy
+    batches never ask about).
     """
     import keras
 
