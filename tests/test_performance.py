@@ -143,6 +143,23 @@ def test_remat_on_jax_cpu_recomputes_in_the_backward_pass(monkeypatch):
         np.testing.assert_array_equal(s, e)
     assert any(np.any(np.asarray(s) != e) for s, e in zip(remat[3], remat[4]))
 
+    # Frozen blocks (fine-tuning the head): fit trains with them recomputed and
+    # leaves their weights as they were.
+    model = keras_vit.VisionTransformer(
+        image_size=64, patch_size=8, num_layers=2, num_heads=2, hidden_dim=64,
+        mlp_dim=256, num_classes=10, remat=True,
+    )  # fmt: skip
+    blocks = [model.get_layer(f"transformer_block_{i}") for i in range(2)]
+    for block in blocks:
+        block.trainable = False
+    frozen = [np.array(v) for block in blocks for v in block.weights]
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(True))
+    history = model.fit(images, labels, epochs=2, batch_size=4, verbose=0)
+    assert np.all(np.isfinite(history.history["loss"]))
+    for before, v in zip(frozen, [v for block in blocks for v in block.weights]):
+        np.testing.assert_array_equal(before, np.array(v))
+    assert np.any(np.array(model.get_layer("head").kernel) != 0)
+
 
 @pytest.mark.parametrize(
     "model_name, image_size, timm_gmacs",

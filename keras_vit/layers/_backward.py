@@ -44,8 +44,11 @@ def remat(layer, forward):
 
     def run(values, x):
         with keras.StatelessScope(state_mapping=list(zip(variables, values))) as scope:
+            given = [scope.get_current_value(v) for v in states]
             y = forward(x)
-            return y, [scope.get_current_value(v) for v in states]
+            now = [scope.get_current_value(v) for v in states]
+        # Only what the forward pass assigned (a frozen kernel is left alone).
+        return y, {i: value for i, value in enumerate(now) if value is not given[i]}
 
     @jax.custom_vjp
     def recomputed(values, x):
@@ -65,8 +68,8 @@ def remat(layer, forward):
 
     def call(x):
         y, updated = recomputed([v.value for v in variables], x)
-        for variable, value in zip(states, updated):
-            variable.assign(value)
+        for i, value in updated.items():
+            states[i].assign(value)
         return y
 
     return call
