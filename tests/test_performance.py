@@ -26,6 +26,19 @@ def load_benchmark_script(name):
     return module
 
 
+def json_of_script(script, *args, **env):
+    """The last line `python -c script *args` prints, as JSON; `env` added to os.environ."""
+    done = subprocess.run(
+        [sys.executable, "-c", script, *args],
+        env=dict(os.environ, **env),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def one_sgd_step(model, images, labels, jit_compile):
     model.compile(
         optimizer=keras.optimizers.SGD(learning_rate=0.5),
@@ -407,20 +420,11 @@ def test_jax_per_head_core_trains_data_parallel_over_two_cpu_devices():
     # over a batch sharded across 2 CPU devices, and fit must train as the
     # batched core does. A process of its own: the device count is set before
     # JAX starts.
-    env = dict(
-        os.environ,
+    out = json_of_script(
+        JAX_DATA_PARALLEL_SCRIPT,
         KERAS_BACKEND="jax",
         XLA_FLAGS="--xla_force_host_platform_device_count=2",
     )
-    done = subprocess.run(
-        [sys.executable, "-c", JAX_DATA_PARALLEL_SCRIPT],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    out = json.loads(done.stdout.strip().splitlines()[-1])
     assert out["devices"] == 2
     assert out["batched"]["calls"] == 0 and out["per_head"]["calls"] > 0
     np.testing.assert_allclose(out["per_head"]["loss"], out["batched"]["loss"], rtol=1e-5)
@@ -449,24 +453,15 @@ def test_bench_runner_seeds_jax_without_loading_tensorflow():
     # keras.utils.set_random_seed imports TensorFlow on any backend where it is
     # installed; the runner's JAX contender must seed Keras and NumPy all the
     # same, and hold no TensorFlow, up to its measured training step.
-    env = dict(os.environ, KERAS_BACKEND="jax")
     bench = os.path.join(ROOT, "benchmarks")
-    done = subprocess.run(
-        [sys.executable, "-c", SEED_WITHOUT_TENSORFLOW_SCRIPT, bench],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    out = json.loads(done.stdout.strip().splitlines()[-1])
+    out = json_of_script(SEED_WITHOUT_TENSORFLOW_SCRIPT, bench, KERAS_BACKEND="jax")
     assert out["tf"] is False
     assert out["first"] == out["again"] and out["other"] != out["first"][0]
     run = subprocess.run(
         [sys.executable, os.path.join(bench, "runner.py"), "--contender", "keras_vit"]
         + ["--model", "Ti16", "--image-size", "32", "--warmup", "1", "--option", "jit=1"],
         input="train 0\nquit\n",
-        env=env,
+        env=dict(os.environ, KERAS_BACKEND="jax"),
         capture_output=True,
         text=True,
         timeout=600,
