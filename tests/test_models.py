@@ -320,3 +320,67 @@ def test_preprocess_inputs_maps_uint8_to_unit_range():
     out = to_numpy(keras_vit.preprocess_inputs(np.array([[0, 127, 255]], "uint8")))
     np.testing.assert_allclose(out, [[-1.0, 127 / 127.5 - 1, 1.0]], atol=1e-6)
     assert out.dtype == np.float32
+
+
+def test_remat_on_jax_cpu_recomputes_in_the_backward_pass(monkeypatch):
+    # jax.checkpoint alone (keras.remat on JAX) lets the CPU's XLA scheduler
+    # recompute during the forward pass, and the compiled step keeps as much as
+    # without remat. keras_vit ties the recomputation to the output's gradient:
+    # XLA's temporary buffer must drop under half of the plain step's, with the
+    # same gradients, and with dropout the same masks and seeds.
+    if not keras_vit._cpu.jax_on_cpu():
+        pytest.skip("JAX on the CPU")
+    import jax
+
+    images = np.random.default_rng(0).uniform(-1, 1, (8, 64, 64, 3)).astype("float32")
+    labels = np.arange(8, dtype="int32")
+
+    def compiled(remat, dropout_rate=0.0):
+        keras.utils.set_random_seed(0)
+        model = keras_vit.VisionTransformer(
+            image_size=64, patch_size=8, num_layers=8, num_heads=2, hidden_dim=64,
+            mlp_dim=256, num_classes=10, remat=remat, dropout_rate=dropout_rate,
+        )  # fmt: skip
+        head = model.get_layer("head").kernel
+        head.assign(np.random.default_rng(1).normal(0, 0.05, head.shape))  # not zero: gradients
+        state = [v.value for v in model.non_trainable_variables]
+        initial = [np.array(v) for v in state]
+
+        def loss(weights, state):
+            logits, state = model.stateless_call(weights, state, images, training=True)
+            return keras.losses.sparse_categorical_crossentropy(labels, logits, True).mean(), state
+
+        weights = [v.value for v in model.trainable_variables]
+        step = jax.jit(jax.value_and_grad(loss, has_aux=True)).lower(weights, state).compile()
+        (value, state), grads = step(weights, state)
+        return step.memory_analysis().temp_size_in_bytes, float(value), grads, state, initial
+
+    plain, remat = compiled(False), compiled(True)
+    assert remat[0] < 0.5 * plain[0], (remat[0], plain[0])
+    np.testing.assert_allclose(remat[1], plain[1], rtol=1e-6)
+    for g, e in zip(remat[2], plain[2]):
+        np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-5 * float(abs(e).max()))
+    plain, remat = compiled(False, dropout_rate=0.1), compiled(True, dropout_rate=0.1)
+    assert remat[1] == plain[1]  # the same masks
+    for g, e in zip(remat[2], plain[2]):
+        np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-5 * float(abs(e).max()))
+    for s, e in zip(remat[3], plain[3]):  # the seeds advance alike
+        np.testing.assert_array_equal(s, e)
+    assert any(np.any(np.asarray(s) != e) for s, e in zip(remat[3], remat[4]))
+
+    # Frozen blocks (fine-tuning the head): fit trains with them recomputed and
+    # leaves their weights as they were.
+    model = keras_vit.VisionTransformer(
+        image_size=64, patch_size=8, num_layers=2, num_heads=2, hidden_dim=64,
+        mlp_dim=256, num_classes=10, remat=True,
+    )  # fmt: skip
+    blocks = [model.get_layer(f"transformer_block_{i}") for i in range(2)]
+    for block in blocks:
+        block.trainable = False
+    frozen = [np.array(v) for block in blocks for v in block.weights]
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(True))
+    history = model.fit(images, labels, epochs=2, batch_size=4, verbose=0)
+    assert np.all(np.isfinite(history.history["loss"]))
+    for before, v in zip(frozen, [v for block in blocks for v in block.weights]):
+        np.testing.assert_array_equal(before, np.array(v))
+    assert np.any(np.array(model.get_layer("head").kernel) != 0)
