@@ -322,7 +322,7 @@ def test_preprocess_inputs_maps_uint8_to_unit_range():
     assert out.dtype == np.float32
 
 
-def test_remat_on_jax_cpu_recomputes_in_the_backward_pass(monkeypatch):
+def test_remat_on_jax_cpu_recomputes_in_the_backward_pass():
     # jax.checkpoint alone (keras.remat on JAX) lets the CPU's XLA scheduler
     # recompute during the forward pass, and the compiled step keeps as much as
     # without remat. keras_vit ties the recomputation to the output's gradient:
