@@ -68,6 +68,19 @@ def npz(tmp_path):
 
 
 @pytest.fixture
+def fused_calls(monkeypatch):
+    """Makes keras_vit's attention call `keras.ops.dot_product_attention`, as it does on
+    JAX with a GPU (here: Keras' plain implementation of it); counts those calls."""
+    from keras_vit.layers import attention
+
+    calls = []
+    fused = attention._fused_attention
+    monkeypatch.setattr(attention, "_fuses_attention", lambda: True)
+    monkeypatch.setattr(attention, "_fused_attention", lambda *a: calls.append(1) or fused(*a))
+    return calls
+
+
+@pytest.fixture
 def per_head_calls(monkeypatch):
     """Makes keras_vit take the per-head attention core from 2 tokens on (TensorFlow
     on a CPU outside XLA, JAX on its CPU backend); counts its calls."""

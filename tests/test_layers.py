@@ -417,11 +417,15 @@ def test_layer_norm_other_axes_and_options_are_keras_layer():
 # Attention, MLP, DropPath, TransformerBlock ---------------------------------
 
 
-def test_attention_matches_numpy():
+@pytest.mark.parametrize("core", ["default", "fused"])
+def test_attention_matches_numpy(core, request):
+    calls = request.getfixturevalue("fused_calls") if core == "fused" else None
     x = RNG.normal(size=(2, 7, 12)).astype("float32")
     layer = layers.MultiHeadSelfAttention(num_heads=3)
     layer(x)
     perturb(layer)
+    if calls is not None:
+        calls.clear()
     expected, expected_weights = np_attention(
         x,
         *(
@@ -431,6 +435,10 @@ def test_attention_matches_numpy():
         3,
     )
     np.testing.assert_allclose(to_numpy(layer(x)), expected, rtol=1e-4, atol=1e-4)
+    # The class token alone (as the last block of a class-token model attends).
+    first = to_numpy(layer(x, num_queries=1))
+    np.testing.assert_allclose(first, expected[:, :1], rtol=1e-4, atol=1e-4)
+    assert calls is None or len(calls) == 2
     weights = to_numpy(layer.attention_weights(x))
     np.testing.assert_allclose(weights, expected_weights, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-5)
@@ -439,7 +447,7 @@ def test_attention_matches_numpy():
 @pytest.mark.parametrize(
     "mode, core",
     [("eager", "batched"), ("graph", "batched"), ("xla", "batched")]
-    + [("eager", "per_head"), ("graph", "per_head")],
+    + [("eager", "per_head"), ("graph", "per_head"), ("eager", "fused"), ("xla", "fused")],
 )
 def test_attention_gradients_match_finite_differences_of_numpy(mode, core, request):
     # The attention cores have hand-written backward passes; check them against
@@ -447,7 +455,8 @@ def test_attention_gradients_match_finite_differences_of_numpy(mode, core, reque
     # in every weight and for each input value.
     if mode != "eager" and keras.backend.backend() != "tensorflow":
         pytest.skip("graph and XLA modes are TensorFlow's")
-    calls = request.getfixturevalue("per_head_calls") if core == "per_head" else None
+    fixture = {"per_head": "per_head_calls", "fused": "fused_calls"}.get(core)
+    calls = request.getfixturevalue(fixture) if fixture else None
     x = RNG.normal(size=(2, 5, 12)).astype("float32")
     upstream = RNG.normal(size=(2, 5, 12)).astype("float32")
     layer = layers.MultiHeadSelfAttention(num_heads=3)
@@ -473,7 +482,7 @@ def test_attention_gradients_match_finite_differences_of_numpy(mode, core, reque
     d_x = _central_differences(lambda x: numpy_loss(x, params), [x64], 0, step)
     np.testing.assert_allclose(grads[0], d_x, rtol=1e-3, atol=1e-3)
     if calls is not None:
-        assert calls, "the per-head core did not run"
+        assert calls, f"the {core} core did not run"
 
 
 @pytest.mark.tensorflow_only

@@ -274,6 +274,39 @@ def _attention_core_per_head_jax(query, key, value):
     return core(query, key, value)
 
 
+def _fused_attention(query, key, value):
+    """`keras.ops.dot_product_attention` on `_attention_core`'s layouts.
+
+    Takes (batch, heads, tokens, head_dim) inputs with the query scaled, and
+    returns (batch, query tokens, heads, head_dim), as the core does. The
+    transposes to Keras' (batch, tokens, heads, head_dim) undo those of
+    `_heads`, and XLA folds each pair into none.
+    """
+    query, key, value = (ops.transpose(t, (0, 2, 1, 3)) for t in (query, key, value))
+    return ops.dot_product_attention(query, key, value, scale=1.0)
+
+
+def _fuses_attention():
+    """Whether the attention goes to `keras.ops.dot_product_attention`: on JAX with a GPU.
+
+    There Keras runs cuDNN's fused (flash) attention where the GPU, cuDNN and
+    the inputs allow it (Ampere or newer, float16 or bfloat16, head_dim a
+    multiple of 8 up to 128, 256 from Hopper on), which never materializes the (tokens x tokens)
+    weights, and XLA's own attention otherwise; timm's GPU training uses
+    PyTorch's fused attention likewise. `benchmarks/gpu.sh` measures it. On
+    CPUs the hand-written cores stay: there TensorFlow's
+    `ops.dot_product_attention` (einsum and softmax, no fused kernel) ran the
+    core in 31.6 against 14.4 ms in graph mode, 18.3 against 17.5 ms with XLA
+    (docs/performance.md). TensorFlow keeps them on GPUs too, for want of a
+    fused kernel.
+    """
+    if keras.backend.backend() != "jax":
+        return False
+    import jax
+
+    return jax.default_backend() in ("gpu", "cuda", "rocm")
+
+
 @keras.saving.register_keras_serializable(package="keras_vit")
 class MultiHeadSelfAttention(keras.layers.Layer):
     """Multi-head scaled dot-product self-attention.
@@ -395,6 +428,8 @@ class MultiHeadSelfAttention(keras.layers.Layer):
             weights = ops.cast(self._attention_weights(query, key), value.dtype)
             weights = self.attention_dropout(weights, training=training)
             x = ops.einsum("bhqk,bhkd->bqhd", weights, value)
+        elif _fuses_attention():
+            x = _fused_attention(self._scaled_query(query), key, value)
         elif _runs_per_head(query, key):
             x = _attention_core_per_head(self._scaled_query(query), key, value)
         else:
