@@ -124,9 +124,31 @@ def timed(step):
     return steps * batch / (time.perf_counter() - start), loss
 
 
+def attention_path():
+    """Which attention the model runs: keras.ops.dot_product_attention on JAX with a GPU
+    (and whether Keras can hand these shapes to cuDNN's flash attention), else keras_vit's
+    hand-written core."""
+    from keras_vit.layers import attention
+    if not attention._fuses_attention():
+        return "keras_vit's hand-written core"
+    try:  # Keras' own check (private): GPU, cuDNN, dtype and layout
+        from keras.src.backend.jax.nn import _can_use_flash_attention
+        heads = architecture["num_heads"]
+        probe = jax.numpy.zeros(
+            (batch, (size // 16) ** 2 + 1, heads, architecture["hidden_dim"] // heads), "bfloat16")
+        flash = bool(_can_use_flash_attention(probe, probe, probe, None))
+    except Exception as error:  # noqa: BLE001 - a report, not a decision
+        flash = f"unknown ({type(error).__name__})"
+    return f"keras.ops.dot_product_attention (cuDNN flash attention: {flash})"
+
+
+ATTENTION = attention_path()
+
+
 def report(variant, images_per_s, loss):
     print(json.dumps({"contender": f"keras_vit ({variant})", "backend": backend, "device": device,
-                      "keras": keras.__version__, "images_per_s": images_per_s, "loss": loss}),
+                      "keras": keras.__version__, "attention": ATTENTION,
+                      "images_per_s": images_per_s, "loss": loss}),
           flush=True)
 
 

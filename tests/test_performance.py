@@ -438,6 +438,8 @@ def test_gpu_script_runs_end_to_end_in_its_cpu_check(tmp_path):
         assert rows[name]["backend"] == "jax" and rows[name]["images_per_s"] > 0, rows
         # Random labels over 1000 classes: about ln(1000) = 6.9 after a few steps.
         assert 1.0 < rows[name]["loss"] < 12.0, rows[name]
+        # On a CPU the hand-written core runs; on JAX with a GPU, dot_product_attention.
+        assert rows[name]["attention"] == "keras_vit's hand-written core", rows[name]
     timm_rows = [row for name, row in rows.items() if name.startswith("timm")]
     assert len(timm_rows) == 1
     assert timm_rows[0]["images_per_s"] or timm_rows[0]["error"], timm_rows
