@@ -145,9 +145,9 @@ def attention_path():
 ATTENTION = attention_path()
 
 
-def report(variant, images_per_s, loss):
+def report(variant, images_per_s, loss, attention=ATTENTION):
     print(json.dumps({"contender": f"keras_vit ({variant})", "backend": backend, "device": device,
-                      "keras": keras.__version__, "attention": ATTENTION,
+                      "keras": keras.__version__, "attention": attention,
                       "images_per_s": images_per_s, "loss": loss}),
           flush=True)
 
@@ -160,31 +160,43 @@ if backend == "jax":
         logits, non_trainable = model.stateless_call(trainable, non_trainable, x, training=True)
         return loss_fn(y, logits), non_trainable
 
-    gradients = jax.value_and_grad(compute_loss, has_aux=True)
+    def timed_jit_step():
+        """Times one jax.jit program of the whole step, traced now, from the model's and the
+        optimizer's current values; hands the last values back to them (the step donates
+        its state)."""
+        gradients = jax.value_and_grad(compute_loss, has_aux=True)
 
-    @functools.partial(jax.jit, donate_argnums=(0, 1, 2))
-    def train_step(trainable, non_trainable, slots, x, y):
-        (loss, non_trainable), grads = gradients(trainable, non_trainable, x, y)
-        trainable, slots = optimizer.stateless_apply(slots, grads, trainable)
-        return trainable, non_trainable, slots, loss
+        @functools.partial(jax.jit, donate_argnums=(0, 1, 2))
+        def train_step(trainable, non_trainable, slots, x, y):
+            (loss, non_trainable), grads = gradients(trainable, non_trainable, x, y)
+            trainable, slots = optimizer.stateless_apply(slots, grads, trainable)
+            return trainable, non_trainable, slots, loss
 
-    state = [[v.value for v in model.trainable_variables],
-             [v.value for v in model.non_trainable_variables],
-             [v.value for v in optimizer.variables]]
+        variables = [model.trainable_variables, model.non_trainable_variables, optimizer.variables]
+        state = [[v.value for v in group] for group in variables]
 
-    def jit_step():
-        *state[:], loss = train_step(*state, images, labels)  # the donated state replaced
-        return loss
+        def jit_step():
+            *state[:], loss = train_step(*state, images, labels)  # the donated state replaced
+            return loss
 
-    report("jit step", *timed(jit_step))
-    # The model's own buffers were donated to the first step: give it the last values.
-    for variable, value in zip(model.trainable_variables + model.non_trainable_variables,
-                               state[0] + state[1]):
-        variable.assign(value)
+        result = timed(jit_step)
+        for group, values in zip(variables, state):
+            for variable, value in zip(group, values):
+                variable.assign(value)
+        return result
+
+    report("jit step", *timed_jit_step())
 
 model.compile(optimizer=keras.optimizers.AdamW(1e-4, weight_decay=0.05), loss=loss_fn,
               jit_compile=True)
 report("train_on_batch", *timed(lambda: model.train_on_batch(images, labels)))
+
+if backend == "jax" and (cpu_check or ATTENTION != "keras_vit's hand-written core"):
+    # The same step with keras_vit's hand-written attention core (what it runs on CPUs):
+    # keras.config.disable_flash_attention() keeps it on GPUs, for what is traced after.
+    keras.config.disable_flash_attention()
+    report("jit step, hand-written attention", *timed_jit_step(),
+           attention="keras_vit's hand-written core")
 EOF
 echo "rc=$?"; cat "$LOG/keras_vit.json"; tail -3 "$LOG/keras_vit.err"
 

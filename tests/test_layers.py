@@ -623,6 +623,25 @@ def test_attention_gradients_with_attention_dropout_and_in_mixed_precision():
         np.testing.assert_allclose(g, e, rtol=0.1, atol=0.15 * np.abs(e).max())
 
 
+def test_fused_attention_only_on_jax_with_a_gpu_and_keras_switch_turns_it_off(monkeypatch):
+    from keras_vit.layers import attention
+
+    assert not attention._fuses_attention()  # the tests run on a CPU
+    if keras.backend.backend() != "jax":
+        pytest.skip("the fused path is JAX's")
+    import jax
+
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    assert attention._fuses_attention()
+    try:
+        keras.config.disable_flash_attention()
+        assert not attention._fuses_attention()
+    finally:
+        keras.config.enable_flash_attention()  # Keras' default: it decides
+    assert keras.config.is_flash_attention_enabled() is None
+    assert attention._fuses_attention()
+
+
 def test_attention_initialisation_limits_match_separate_xavier_kernels():
     layer = layers.MultiHeadSelfAttention(num_heads=4)
     layer.build((None, 5, 256))

@@ -434,7 +434,8 @@ def test_gpu_script_runs_end_to_end_in_its_cpu_check(tmp_path):
     done, report = _gpu_script(tmp_path)
     assert report["cpu_check"] and report["model"] == "ViT-B/16" and report["layers"] == 2
     rows = {row["contender"]: row for row in report["results"]}
-    for name in ("keras_vit (jit step)", "keras_vit (train_on_batch)"):
+    names = ("jit step", "train_on_batch", "jit step, hand-written attention")
+    for name in (f"keras_vit ({variant})" for variant in names):
         assert rows[name]["backend"] == "jax" and rows[name]["images_per_s"] > 0, rows
         # Random labels over 1000 classes: about ln(1000) = 6.9 after a few steps.
         assert 1.0 < rows[name]["loss"] < 12.0, rows[name]

@@ -298,9 +298,11 @@ def _fuses_attention():
     `ops.dot_product_attention` (einsum and softmax, no fused kernel) ran the
     core in 31.6 against 14.4 ms in graph mode, 18.3 against 17.5 ms with XLA
     (docs/performance.md). TensorFlow keeps them on GPUs too, for want of a
-    fused kernel.
+    fused kernel. `keras.config.disable_flash_attention()` keeps them on
+    GPUs as well, for models traced after it, and
+    `keras.config.enable_flash_attention()` (Keras' default) restores this.
     """
-    if keras.backend.backend() != "jax":
+    if keras.backend.backend() != "jax" or keras.config.is_flash_attention_enabled() is False:
         return False
     import jax
 
