@@ -626,11 +626,13 @@ def test_attention_gradients_with_attention_dropout_and_in_mixed_precision():
 def test_fused_attention_only_on_jax_with_a_gpu_and_keras_switch_turns_it_off(monkeypatch):
     from keras_vit.layers import attention
 
-    assert not attention._fuses_attention()  # the tests run on a CPU
     if keras.backend.backend() != "jax":
+        assert not attention._fuses_attention()
         pytest.skip("the fused path is JAX's")
     import jax
 
+    monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
+    assert not attention._fuses_attention()
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     assert attention._fuses_attention()
     try:

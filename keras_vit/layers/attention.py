@@ -291,8 +291,9 @@ def _fuses_attention():
 
     There Keras runs cuDNN's fused (flash) attention where the GPU, cuDNN and
     the inputs allow it (Ampere or newer, float16 or bfloat16, head_dim a
-    multiple of 8 up to 128, 256 from Hopper on), which never materializes the (tokens x tokens)
-    weights, and XLA's own attention otherwise; timm's GPU training uses
+    multiple of 8 up to 128, 256 from Hopper on), which never materializes
+    the (tokens x tokens) weights, and XLA's own attention otherwise (its
+    logits and softmax in float32, as the cores'); timm's GPU training uses
     PyTorch's fused attention likewise. `benchmarks/gpu.sh` measures it. On
     CPUs the hand-written cores stay: there TensorFlow's
     `ops.dot_product_attention` (einsum and softmax, no fused kernel) ran the
