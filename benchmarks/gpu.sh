@@ -83,7 +83,7 @@ export FLOPS
 
 echo "== keras_vit (KERAS_BACKEND=${KERAS_BACKEND:-jax}), mixed_bfloat16, batch $BATCH"
 KERAS_BACKEND="${KERAS_BACKEND:-jax}" timeout "$PART_TIMEOUT" "$PY" - >"$LOG/keras_vit.json" 2>"$LOG/keras_vit.err" <<'EOF'
-import functools, json, os, sys, time
+import functools, json, os, re, sys, time, traceback
 import numpy as np
 import keras
 import keras_vit
@@ -145,11 +145,19 @@ def attention_path():
 ATTENTION = attention_path()
 
 
-def report(variant, images_per_s, loss, attention=ATTENTION):
-    print(json.dumps({"contender": f"keras_vit ({variant})", "backend": backend, "device": device,
-                      "keras": keras.__version__, "attention": attention,
-                      "images_per_s": images_per_s, "loss": loss}),
-          flush=True)
+def report(variant, run, attention=ATTENTION):
+    """Times `run` and prints its row; an error becomes a failed row (the other rows go on:
+    a GPU lease is short)."""
+    row = {"contender": f"keras_vit ({variant})", "backend": backend, "device": device,
+           "keras": keras.__version__, "attention": attention}
+    try:
+        images_per_s, loss = run()
+        row.update(images_per_s=images_per_s, loss=loss)
+    except Exception as error:  # noqa: BLE001 - reported, and the traceback goes to stderr
+        traceback.print_exc()
+        message = " ".join(re.sub(r"\x1b\[[0-9;]*m", "", str(error)).split())  # one line
+        row.update(images_per_s=None, error=[f"{type(error).__name__}: {message}"[:500]])
+    print(json.dumps(row), flush=True)
 
 
 if backend == "jax":
@@ -185,18 +193,19 @@ if backend == "jax":
                 variable.assign(value)
         return result
 
-    report("jit step", *timed_jit_step())
+    if cpu_check or ATTENTION != "keras_vit's hand-written core":
+        # First, the step with keras_vit's hand-written attention core (what it runs on
+        # CPUs): keras.config.disable_flash_attention() keeps it on GPUs, for what is
+        # traced while it holds. Then the default, traced again.
+        keras.config.disable_flash_attention()
+        report("jit step, hand-written attention", timed_jit_step,
+               attention="keras_vit's hand-written core")
+        keras.config.enable_flash_attention()  # Keras' default: it decides
+    report("jit step", timed_jit_step)
 
 model.compile(optimizer=keras.optimizers.AdamW(1e-4, weight_decay=0.05), loss=loss_fn,
               jit_compile=True)
-report("train_on_batch", *timed(lambda: model.train_on_batch(images, labels)))
-
-if backend == "jax" and (cpu_check or ATTENTION != "keras_vit's hand-written core"):
-    # The same step with keras_vit's hand-written attention core (what it runs on CPUs):
-    # keras.config.disable_flash_attention() keeps it on GPUs, for what is traced after.
-    keras.config.disable_flash_attention()
-    report("jit step, hand-written attention", *timed_jit_step(),
-           attention="keras_vit's hand-written core")
+report("train_on_batch", lambda: timed(lambda: model.train_on_batch(images, labels)))
 EOF
 echo "rc=$?"; cat "$LOG/keras_vit.json"; tail -3 "$LOG/keras_vit.err"
 

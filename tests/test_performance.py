@@ -447,6 +447,37 @@ def test_gpu_script_runs_end_to_end_in_its_cpu_check(tmp_path):
     assert "| keras_vit (jit step) |" in done.stdout
 
 
+@pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="needs jax")
+def test_gpu_script_keeps_the_other_rows_when_the_fused_attention_fails(tmp_path):
+    # As on a GPU, the default path is the fused attention, and here it raises: its rows
+    # fail, and the hand-written attention's row, timed first, keeps its figure.
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import os\n"
+        "if os.environ.get('KERAS_BACKEND') == 'jax':\n"
+        "    import keras\n"
+        "    from keras_vit.layers import attention\n"
+        "    def broken(*args):\n"
+        "        raise RuntimeError('fused attention broke')\n"
+        "    attention._fuses_attention = lambda: (\n"
+        "        keras.config.is_flash_attention_enabled() is not False)\n"
+        "    attention._fused_attention = broken\n"
+    )
+    path = os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])
+    done, report = _gpu_script(tmp_path, PYTHONPATH=path)
+    rows = {row["contender"]: row for row in report["results"]}
+    kept = rows["keras_vit (jit step, hand-written attention)"]
+    assert kept["images_per_s"] > 0 and kept["attention"] == "keras_vit's hand-written core"
+    for name in ("keras_vit (jit step)", "keras_vit (train_on_batch)"):
+        assert rows[name]["images_per_s"] is None, rows[name]
+        (error,) = rows[name]["error"]
+        assert error.startswith("RuntimeError: ") and "fused attention broke" in error, error
+        assert "\n" not in error and "\x1b" not in error  # one plain line, for the table
+        assert rows[name]["attention"].startswith("keras.ops.dot_product_attention")
+    assert "| keras_vit (jit step) | failed: RuntimeError: " in done.stdout
+
+
 def test_gpu_script_reports_a_contender_over_its_time_limit(tmp_path):
     done, report = _gpu_script(tmp_path, PART_TIMEOUT="1")
     assert [row["contender"] for row in report["results"]] == ["keras_vit", "timm"]
