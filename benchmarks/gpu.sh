@@ -126,13 +126,16 @@ def timed(step):
     return steps * batch / (time.perf_counter() - start), loss
 
 
+CORE = "keras_vit's hand-written core"
+
+
 def attention_path():
     """Which attention the model runs: keras.ops.dot_product_attention on JAX with a GPU
     (and whether Keras can hand these shapes to cuDNN's flash attention), else keras_vit's
     hand-written core."""
     from keras_vit.layers import attention
     if not attention._fuses_attention():
-        return "keras_vit's hand-written core"
+        return CORE
     try:  # Keras' own check (private): GPU, cuDNN, dtype and layout
         from keras.src.backend.jax.nn import _can_use_flash_attention
         heads = architecture["num_heads"]
@@ -195,13 +198,12 @@ if backend == "jax":
                 variable.assign(value)
         return result
 
-    if cpu_check or ATTENTION != "keras_vit's hand-written core":
+    if cpu_check or ATTENTION != CORE:
         # First, the step with keras_vit's hand-written attention core (what it runs on
         # CPUs): keras.config.disable_flash_attention() keeps it on GPUs, for what is
         # traced while it holds. Then the default, traced again.
         keras.config.disable_flash_attention()
-        report("jit step, hand-written attention", timed_jit_step,
-               attention="keras_vit's hand-written core")
+        report("jit step, hand-written attention", timed_jit_step, attention=CORE)
         keras.config.enable_flash_attention()  # Keras' default: it decides
     report("jit step", timed_jit_step)
 

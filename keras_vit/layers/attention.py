@@ -275,14 +275,13 @@ def _attention_core_per_head_jax(query, key, value):
 
 
 def _fused_attention(query, key, value):
-    """`keras.ops.dot_product_attention` on `_attention_core`'s layouts.
+    """`keras.ops.dot_product_attention` for a scaled `query`.
 
-    Takes (batch, heads, tokens, head_dim) inputs with the query scaled, and
-    returns (batch, query tokens, heads, head_dim), as the core does. The
-    transposes to Keras' (batch, tokens, heads, head_dim) undo those of
-    `_heads`, and XLA folds each pair into none.
+    All three in Keras' (batch, tokens, heads, head_dim) layout, which
+    `MultiHeadSelfAttention._attend` slices out of the qkv projection with no
+    transpose; the output, (batch, query tokens, heads, head_dim), is the
+    layout the cores return too.
     """
-    query, key, value = (ops.transpose(t, (0, 2, 1, 3)) for t in (query, key, value))
     return ops.dot_product_attention(query, key, value, scale=1.0)
 
 
@@ -410,7 +409,8 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         return self._attention_weights(query, key)
 
     def call(self, inputs, training=None, num_queries=None):
-        return self._attend(*self._split_heads(inputs), training, num_queries)
+        qkv = self.qkv(ops.reshape(inputs, (-1, self.hidden_dim)))
+        return self._attend(qkv, _tokens(inputs), training, num_queries)
 
     def normalized_call(self, inputs, norm, training=None, num_queries=None):
         """`self(norm(inputs), ...)` for a `LayerNorm` `norm`, in training.
@@ -421,24 +421,34 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         and `inputs` in its compute dtype.
         """
         qkv = norm.dense(ops.reshape(inputs, (-1, self.hidden_dim)), self.qkv)
-        return self._attend(*self._heads(qkv, _tokens(inputs)), training, num_queries)
+        return self._attend(qkv, _tokens(inputs), training, num_queries)
 
-    def _attend(self, query, key, value, training, num_queries):
-        # query, key, value: each (batch, heads, tokens, head_dim)
-        if num_queries is not None:
-            query = query[:, :, :num_queries]
-        if training and self.attention_dropout_rate > 0.0:
-            weights = ops.cast(self._attention_weights(query, key), value.dtype)
-            weights = self.attention_dropout(weights, training=training)
-            x = ops.einsum("bhqk,bhkd->bqhd", weights, value)
-        elif _fuses_attention():
+    def _attend(self, qkv, tokens, training, num_queries):
+        # qkv: the projection's (batch * tokens, 3 * D) rows. Each branch gives x as
+        # (batch, query tokens, heads, head_dim), the layout the output projection reads.
+        dropout = training and self.attention_dropout_rate > 0.0
+        if not dropout and _fuses_attention():
+            # Keras' (batch, tokens, heads, head_dim) straight from the rows: no transpose.
+            qkv = ops.reshape(qkv, (-1, tokens, 3, self.num_heads, self.head_dim))
+            query, key, value = ops.unstack(qkv, num=3, axis=2)
+            if num_queries is not None:
+                query = query[:, :num_queries]
             x = _fused_attention(self._scaled_query(query), key, value)
-        elif _runs_per_head(query, key):
-            x = _attention_core_per_head(self._scaled_query(query), key, value)
         else:
-            x = _attention_core(self._scaled_query(query), key, value)
+            query, key, value = self._heads(qkv, tokens)  # each (batch, heads, tokens, head_dim)
+            if num_queries is not None:
+                query = query[:, :, :num_queries]
+            if dropout:
+                weights = ops.cast(self._attention_weights(query, key), value.dtype)
+                weights = self.attention_dropout(weights, training=training)
+                x = ops.einsum("bhqk,bhkd->bqhd", weights, value)
+            elif _runs_per_head(query, key):
+                x = _attention_core_per_head(self._scaled_query(query), key, value)
+            else:
+                x = _attention_core(self._scaled_query(query), key, value)
+        queries = _tokens(x)
         x = self.output_dropout(self.proj(ops.reshape(x, (-1, self.hidden_dim))), training=training)
-        return ops.reshape(x, (-1, _tokens(query, axis=2), self.hidden_dim))
+        return ops.reshape(x, (-1, queries, self.hidden_dim))
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape)
