@@ -69,12 +69,14 @@ def aggregate(events, steps):
     """Per-step milliseconds and counts per operation kind.
 
     `events` are (thread name, event name, duration in picoseconds). Events of
-    the Python thread, wrapper events and completion markers are left out.
+    the Python thread, the Python tracer's function events (named "$file:line
+    function" on whichever thread ran them, keras_vit's memory thread's sleeps
+    among them), wrapper events and completion markers are left out.
     """
     milliseconds, counts = collections.Counter(), collections.Counter()
     for thread, name, picoseconds in events:
-        if thread.startswith("python") or name.startswith("end: "):
-            continue  # Python's own frames; the completion markers of asynchronous thunks
+        if thread.startswith("python") or name.startswith(("$", "end: ")):
+            continue  # Python's frames; the completion markers of asynchronous thunks
         if any(wrapper in name for wrapper in WRAPPERS):
             continue
         kind = operation_kind(name)
@@ -108,7 +110,16 @@ def profile(step, steps, directory):
     if keras.backend.backend() == "jax":
         import jax
 
-        start, stop = jax.profiler.start_trace, jax.profiler.stop_trace
+        def start(directory):
+            # JAX traces Python calls by default; they are not operations (and `aggregate`
+            # drops them where a JAX without ProfileOptions records them anyway).
+            if not hasattr(jax.profiler, "ProfileOptions"):
+                return jax.profiler.start_trace(directory)
+            options = jax.profiler.ProfileOptions()
+            options.python_tracer_level = 0
+            return jax.profiler.start_trace(directory, profiler_options=options)
+
+        stop = jax.profiler.stop_trace
     else:
         import tensorflow as tf
 

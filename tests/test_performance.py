@@ -145,6 +145,9 @@ def test_profile_step_groups_operations_by_kind():
         ("tf_Eigen/1", "ThunkExecutor::Execute", 9e9),
         ("tf_Eigen/1", "end: MatMul.3", 1e9),
         ("python", "__inference_step", 9e9),
+        # The Python tracer's events, on any thread (JAX's profiler traces Python by default)
+        ("Thread-2 (_return_loop)", "$_memory.py:147 _sleep_a_period", 9e9),
+        ("tf_Compute/1", "$time sleep", 9e9),
     ]
     milliseconds, counts = profile.aggregate(events, steps=2)
     assert dict(milliseconds) == {"_MklMatMul": 3.0, "Mul": 0.5}
