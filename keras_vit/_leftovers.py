@@ -37,11 +37,16 @@ def _ended(pid):
     return False
 
 
-def remove_ended(folder, prefix):
-    """Removes the entries `prefix`PID-HOST-... of `folder` whose process has ended."""
+def remove_ended(folder, prefix, listdir=os.listdir, delete=None, join=os.path.join):
+    """Removes the entries `prefix`PID-HOST-... of `folder` whose process has ended.
+
+    `listdir`, `delete` and `join` reach another file system (TensorFlow's,
+    for gs:// paths); by default the local one (`delete`: `remove`).
+    """
+    delete = remove if delete is None else delete
     try:
-        names = [name for name in os.listdir(folder) if name.startswith(prefix)]
-    except OSError:
+        names = [name for name in listdir(folder) if name.startswith(prefix)]
+    except Exception:  # noqa: BLE001 (no such folder, or one we may not list: nothing to do)
         return
     for name in names:
         parts = name[len(prefix) :].split("-", 2)
@@ -50,8 +55,8 @@ def remove_ended(folder, prefix):
         if not _ended(int(parts[0])):
             continue
         try:
-            remove(os.path.join(folder, name))
-        except OSError:
+            delete(join(folder, name))
+        except Exception:  # noqa: BLE001 (removed meanwhile, or refused: left for later)
             pass
 
 

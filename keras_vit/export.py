@@ -30,7 +30,7 @@ import collections
 import json
 import numbers
 import os
-import shutil
+import posixpath
 import tempfile
 import uuid
 
@@ -292,28 +292,142 @@ def _tag(kind):
     return f"{kind}-{_leftovers.owner()}-{uuid.uuid4().hex[:12]}"
 
 
+class _LocalFiles:
+    """The few file operations an export makes, on the local file system."""
+
+    @staticmethod
+    def join(path, name):
+        return os.path.join(path, name)
+
+    @staticmethod
+    def split(path):
+        return os.path.split(os.path.normpath(os.path.abspath(path)))
+
+    @staticmethod
+    def makedirs(path):
+        os.makedirs(path, exist_ok=True)
+
+    @staticmethod
+    def mkdir(path):
+        os.mkdir(path)  # the default permissions, unlike tempfile.mkdtemp's 0700
+
+    @staticmethod
+    def rename(source, target):
+        os.rename(source, target)
+
+    @staticmethod
+    def lexists(path):
+        return os.path.lexists(path)
+
+    @staticmethod
+    def isdir(path):
+        return os.path.isdir(path)
+
+    @staticmethod
+    def listdir(path):
+        return os.listdir(path)
+
+    @staticmethod
+    def remove(path):
+        _leftovers.remove(path)
+
+
+class _RemoteFiles:
+    """The same operations through TensorFlow's file system (gs://, s3://, hdfs://...).
+
+    There a folder's rename may be a copy of each file and a delete (Cloud
+    Storage has no folders), so it is not one step: the SavedModel is moved in
+    entry by entry, saved_model.pb last, as into an existing local folder.
+    A folder is moved file by file here too, which is what Cloud Storage
+    does anyway.
+    """
+
+    @staticmethod
+    def join(path, name):
+        return posixpath.join(path, name)
+
+    @staticmethod
+    def split(path):
+        return posixpath.split(path.rstrip("/"))
+
+    @staticmethod
+    def makedirs(path):
+        _tf().io.gfile.makedirs(path)
+
+    @staticmethod
+    def mkdir(path):
+        _tf().io.gfile.mkdir(path)
+
+    @staticmethod
+    def rename(source, target):
+        """Moves a file, or a folder file by file (not every file system moves a
+        folder's contents with it: TensorFlow's in-memory ram:// does not)."""
+        gfile = _tf().io.gfile
+        if not gfile.isdir(source):
+            gfile.rename(source, target, overwrite=False)
+            return
+        gfile.makedirs(target)
+        for name in _RemoteFiles.listdir(source):
+            _RemoteFiles.rename(posixpath.join(source, name), posixpath.join(target, name))
+        gfile.rmtree(source)
+
+    @staticmethod
+    def lexists(path):
+        return _tf().io.gfile.exists(path)
+
+    @staticmethod
+    def isdir(path):
+        return _tf().io.gfile.isdir(path)
+
+    @staticmethod
+    def listdir(path):
+        # Cloud Storage lists a folder's subfolders with a trailing "/".
+        return [name.rstrip("/") for name in _tf().io.gfile.listdir(path)]
+
+    @staticmethod
+    def remove(path):
+        gfile = _tf().io.gfile
+        if gfile.isdir(path):
+            gfile.rmtree(path)
+        elif gfile.exists(path):
+            gfile.remove(path)
+
+
+def _files(path):
+    return _RemoteFiles if _is_remote(path) else _LocalFiles
+
+
+def _discard(files, path):
+    """Removes `path` (a staging folder or file) if it is there; errors are ignored."""
+    try:
+        files.remove(path)
+    except Exception:  # noqa: BLE001 (already gone, or the file system refused: left over)
+        pass
+
+
 def _sibling(path):
     """A new hidden name beside `path`, on the same file system (for an atomic rename)."""
-    path = os.path.normpath(os.path.abspath(path))
-    parent, name = os.path.split(path)
-    os.makedirs(parent, exist_ok=True)
-    return os.path.join(parent, f".{name}.{_tag('partial')}")
+    files = _files(path)
+    parent, name = files.split(path)
+    files.makedirs(parent)
+    return files.join(parent, f".{name}.{_tag('partial')}")
 
 
 def _hidden_inside(path, kind):
     """A new hidden name inside the directory `path`."""
-    return os.path.join(path, f".{_tag(kind)}")
+    return _files(path).join(path, f".{_tag(kind)}")
 
 
 def _remove_left_over(path):
     """After an export to `path` succeeded: removes the hidden entries that exports
     to `path` killed half-way left beside it and inside it (see keras_vit._leftovers)."""
-    path = os.path.normpath(os.path.abspath(path))
-    parent, name = os.path.split(path)
-    _leftovers.remove_ended(parent, f".{name}.partial-")
-    if os.path.isdir(path):
-        _leftovers.remove_ended(path, ".partial-")
-        _leftovers.remove_ended(path, ".previous-")
+    files = _files(path)
+    parent, name = files.split(path)
+    found = {"listdir": files.listdir, "delete": files.remove, "join": files.join}
+    _leftovers.remove_ended(parent, f".{name}.partial-", **found)
+    if files.isdir(path):
+        _leftovers.remove_ended(path, ".partial-", **found)
+        _leftovers.remove_ended(path, ".previous-", **found)
 
 
 def _proto_last(names):
@@ -325,21 +439,21 @@ def _write_saved_model(archive, path):
     """Writes the SavedModel aside, then moves it in: a failed export leaves
     `path` as it was, and a killed one never leaves a saved_model.pb beside
     another export's variables."""
-    if _is_remote(path):
-        archive.write_out(path, verbose=False)
-        return
-    exists = os.path.lexists(path)
+    files = _files(path)
+    exists = files.lexists(path)
     # Inside an existing directory, on its file system (it may be a mount point).
     staging = _hidden_inside(path, "partial") if exists else _sibling(path)
-    os.mkdir(staging)  # the default permissions, unlike tempfile.mkdtemp's 0700
+    files.mkdir(staging)
     try:
         archive.write_out(staging, verbose=False)
-        if exists:
-            _move_in(staging, path)
-        else:
+        if files is _LocalFiles and not exists:
             os.rename(staging, path)  # one step: the SavedModel is there whole, or not at all
+        else:
+            if not exists:
+                files.mkdir(path)
+            _move_in(staging, path)
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        _discard(files, staging)
     _remove_left_over(path)
 
 
@@ -351,46 +465,50 @@ def _move_in(staging, path):
     only beside the variables of its own export. Other files stay. An error
     puts the old entries back.
     """
-    written = _proto_last(os.listdir(staging))
+    files = _files(path)
+    written = _proto_last(files.listdir(staging))
     old = [
         name
         for name in reversed(_proto_last(set(SAVED_MODEL_ENTRIES) | set(written)))
-        if os.path.lexists(os.path.join(path, name))
+        if files.lexists(files.join(path, name))
     ]
     backup = _hidden_inside(path, "previous")
-    os.mkdir(backup)
+    files.mkdir(backup)
     moved_out, moved_in = [], []
     try:
         for name in old:
-            os.rename(os.path.join(path, name), os.path.join(backup, name))
+            files.rename(files.join(path, name), files.join(backup, name))
             moved_out.append(name)
         for name in written:
-            os.rename(os.path.join(staging, name), os.path.join(path, name))
+            files.rename(files.join(staging, name), files.join(path, name))
             moved_in.append(name)
     except BaseException:
         for name in reversed(moved_in):
-            _leftovers.remove(os.path.join(path, name))
+            files.remove(files.join(path, name))
         for name in reversed(moved_out):
-            os.rename(os.path.join(backup, name), os.path.join(path, name))
-        os.rmdir(backup)  # left with the old entries in it if putting them back failed
+            files.rename(files.join(backup, name), files.join(path, name))
+        # Left with the old entries in it if putting them back failed.
+        if not files.listdir(backup):
+            files.remove(backup)
         raise
-    shutil.rmtree(backup, ignore_errors=True)
+    _discard(files, backup)
 
 
 def _write_file(path, data):
     """Writes `data` to a new file beside `path`, then renames it to `path`."""
-    if _is_remote(path):
-        with _tf().io.gfile.GFile(path, "wb") as file:
-            file.write(data)
-        return
+    files = _files(path)
     partial = _sibling(path)
     try:
-        with open(partial, "xb") as file:
-            file.write(data)
-        os.replace(partial, path)
+        if files is _LocalFiles:
+            with open(partial, "xb") as file:
+                file.write(data)
+            os.replace(partial, path)
+        else:
+            with _tf().io.gfile.GFile(partial, "wb") as file:
+                file.write(data)
+            _tf().io.gfile.rename(partial, path, overwrite=True)
     except BaseException:
-        if os.path.exists(partial):
-            os.remove(partial)
+        _discard(files, partial)
         raise
     _remove_left_over(path)
 

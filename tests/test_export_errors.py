@@ -1,6 +1,7 @@
 """Export as a user gets it wrong: class names that cannot be mapped to
 classes, models without a known input or ending in their own softmax, paths
-under a file, an overwrite that fails half-way, and the `keras-vit export`
+under a file, an overwrite that fails half-way (on the local file system and
+on TensorFlow's in-memory one, standing for gs://), and the `keras-vit export`
 command's checks of --output and --class-names.
 
 Expected values come from the Keras model itself (the contract of a
@@ -9,6 +10,8 @@ SavedModel is to reproduce it) or are written out here.
 
 import json
 import os
+import posixpath
+import uuid
 import warnings
 
 import keras
@@ -314,6 +317,150 @@ def test_what_killed_exports_left_is_removed_by_the_next_export(tmp_path):
     images = float_images()
     expected = keras.ops.convert_to_numpy(model(images))
     np.testing.assert_allclose(serve_float(str(folder), images)["logits"], expected, atol=1e-5)
+
+
+# Remote file systems: TensorFlow's in-memory ram:// stands for gs:// ----------
+
+
+def remote_root():
+    """A new folder on TensorFlow's in-memory file system, which keras_vit reaches
+    through tf.io.gfile, as it does gs://, s3:// and hdfs:// paths."""
+    root = f"ram://keras_vit_test/{uuid.uuid4().hex}"
+    tf.io.gfile.makedirs(root)
+    return root
+
+
+def hidden(folder):
+    return [name for name in tf.io.gfile.listdir(folder) if name.startswith(".")]
+
+
+def test_a_remote_overwrite_moves_the_saved_model_in_entry_by_entry(monkeypatch):
+    # On Cloud Storage a folder's rename copies each file: not one step. So a
+    # remote export moves entries, and whenever saved_model.pb is in the
+    # target folder, the variables beside it are those of its own export.
+    root = remote_root()
+    path = f"{root}/models/served"  # models/ does not exist yet
+    images = float_images()
+    old, new = tiny_model(), tiny_model(num_layers=2)
+    assert export_saved_model(old, path) == path
+    np.testing.assert_allclose(
+        serve_float(path, images)["logits"], keras.ops.convert_to_numpy(old(images)), atol=1e-5
+    )
+    assert hidden(f"{root}/models") == [] and hidden(path) == []
+    with tf.io.gfile.GFile(f"{path}/notes.txt", "w") as file:
+        file.write("keep me")
+
+    rename, moved_in, moved_out, states = tf.io.gfile.rename, set(), set(), []
+
+    def entry(file):  # the SavedModel entry `file` is or lies in, if it is in `path`
+        inside = file.startswith(f"{path}/") and not file.startswith(f"{path}/.")
+        return file[len(path) + 1 :].split("/")[0] if inside else None
+
+    def recording_rename(source, target, overwrite=False):  # called for each file
+        rename(source, target, overwrite)
+        moved_in.update([entry(target)] if entry(target) else [])
+        moved_out.update([entry(source)] if entry(source) else [])
+        names = [name.rstrip("/") for name in tf.io.gfile.listdir(path)]
+        if "saved_model.pb" in names:
+            old_pair = not moved_in and "variables" not in moved_out
+            states.append(old_pair or {"saved_model.pb", "variables"} <= moved_in)
+
+    monkeypatch.setattr(tf.io.gfile, "rename", recording_rename)
+    with pytest.raises(FileExistsError, match="already exists"):
+        export_saved_model(new, path)
+    export_saved_model(new, path, overwrite=True)
+    monkeypatch.undo()
+    assert {"saved_model.pb", "variables"} <= moved_in and "saved_model.pb" in moved_out
+    assert states and all(states), states
+    np.testing.assert_allclose(
+        serve_float(path, images)["logits"], keras.ops.convert_to_numpy(new(images)), atol=1e-5
+    )
+    with tf.io.gfile.GFile(f"{path}/notes.txt") as file:
+        assert file.read() == "keep me"
+    assert hidden(f"{root}/models") == [] and hidden(path) == []
+
+
+def test_a_failed_remote_overwrite_keeps_the_previous_export(monkeypatch):
+    root = remote_root()
+    path = f"{root}/served"
+    images = float_images()
+    old = tiny_model()
+    expected = keras.ops.convert_to_numpy(old(images))
+    export_saved_model(old, path)
+    rename, failed = tf.io.gfile.rename, []
+
+    def failing_rename(source, target, overwrite=False):
+        # Once: the new variables' move into the folder the old ones have left.
+        if target.startswith(f"{path}/variables/") and "/.partial-" in source and not failed:
+            failed.append(source)
+            raise _Failure("stopped while moving the new variables in")
+        rename(source, target, overwrite)
+
+    monkeypatch.setattr(tf.io.gfile, "rename", failing_rename)
+    with pytest.raises(_Failure):
+        export_saved_model(tiny_model(num_layers=2), path, overwrite=True)
+    monkeypatch.undo()
+    assert failed
+    np.testing.assert_allclose(serve_float(path, images)["logits"], expected, atol=1e-5)
+    assert hidden(path) == [] and hidden(root) == []
+
+
+def test_a_remote_tflite_file_is_written_aside_and_renamed(monkeypatch):
+    root = remote_root()
+    path = f"{root}/lite/model.tflite"
+    model = tiny_model()
+    images = float_images()
+    renames = []
+    rename = tf.io.gfile.rename
+
+    def recording_rename(source, target, overwrite=False):
+        assert not tf.io.gfile.exists(target) or overwrite
+        renames.append((posixpath.basename(source), target))
+        rename(source, target, overwrite)
+
+    monkeypatch.setattr(tf.io.gfile, "rename", recording_rename)
+    export_tflite(model, path)
+    with pytest.raises(FileExistsError, match=r"model.tflite.*overwrite=True"):
+        export_tflite(model, path)
+    export_tflite(model, path, overwrite=True)
+    monkeypatch.undo()
+    assert [target for _, target in renames] == [path, path]
+    assert all(source.startswith(".model.tflite.partial-") for source, _ in renames)
+    assert hidden(f"{root}/lite") == []
+    with tf.io.gfile.GFile(path, "rb") as file, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # tf.lite.Interpreter's deprecation notice
+        interpreter = tf.lite.Interpreter(model_content=file.read())
+    runner = interpreter.get_signature_runner()
+    np.testing.assert_allclose(
+        runner(images=images[:1])["logits"],
+        keras.ops.convert_to_numpy(model(images[:1])),
+        atol=1e-4,
+    )
+
+
+def test_what_dead_remote_exports_left_is_removed_by_the_next_export():
+    import subprocess
+    import sys
+
+    ended = subprocess.Popen([sys.executable, "-c", ""])
+    ended.wait(timeout=60)
+    tag = keras_vit._leftovers.owner().split("-")[1]  # this host's
+    root = remote_root()
+    path = f"{root}/served"
+    left = [  # a dead process's staging folders, inside the target and beside it
+        f"{path}/.partial-{ended.pid}-{tag}-0123456789ab",
+        f"{path}/.previous-{ended.pid}-{tag}-0123456789ab",
+        f"{root}/.served.partial-{ended.pid}-{tag}-0123456789ab",
+    ]
+    kept = [  # a live process's and another host's
+        f"{path}/.partial-{os.getpid()}-{tag}-0123456789ab",
+        f"{path}/.partial-{ended.pid}-0badc0de-0123456789ab",
+    ]
+    for folder in left + kept:
+        tf.io.gfile.makedirs(f"{folder}/variables")
+    export_saved_model(tiny_model(), path, overwrite=True)
+    assert [folder for folder in left if tf.io.gfile.exists(folder)] == []
+    assert all(tf.io.gfile.exists(folder) for folder in kept)
 
 
 # The command line ---------------------------------------------------------------
