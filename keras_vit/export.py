@@ -487,8 +487,7 @@ def _move_in(staging, path):
             files.remove(files.join(path, name))
         for name in reversed(moved_out):
             files.rename(files.join(backup, name), files.join(path, name))
-        # Left with the old entries in it if putting them back failed.
-        if not files.listdir(backup):
+        if not files.listdir(backup):  # kept, with old entries, if one could not go back
             files.remove(backup)
         raise
     _discard(files, backup)
