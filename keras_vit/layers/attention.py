@@ -382,17 +382,21 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         self.proj.build(input_shape)
         self.built = True
 
-    def _split_heads(self, inputs):
+    def _project(self, inputs):
         # The projection runs on (batch * tokens, D) rows: one plain matrix product,
         # which oneDNN fuses with the bias (a batched product of 3-D inputs is
-        # slower on CPUs). One transpose then gives (3, batch, heads, tokens,
-        # head_dim), unstacked into query, key and value: batched matrix products
-        # on that layout, and an unstack (not three slices) for the backward
-        # pass, halve the attention core's forward + backward time without XLA
-        # (see benchmarks/micro.py attention).
-        return self._heads(self.qkv(ops.reshape(inputs, (-1, self.hidden_dim))), _tokens(inputs))
+        # slower on CPUs).
+        return self.qkv(ops.reshape(inputs, (-1, self.hidden_dim)))
+
+    def _split_heads(self, inputs):
+        return self._heads(self._project(inputs), _tokens(inputs))
 
     def _heads(self, qkv, tokens):
+        # One transpose gives (3, batch, heads, tokens, head_dim), unstacked into
+        # query, key and value: batched matrix products on that layout, and an
+        # unstack (not three slices) for the backward pass, halve the attention
+        # core's forward + backward time without XLA (see benchmarks/micro.py
+        # attention).
         qkv = ops.reshape(qkv, (-1, tokens, 3, self.num_heads, self.head_dim))
         query, key, value = ops.unstack(ops.transpose(qkv, (2, 0, 3, 1, 4)), num=3, axis=0)
         return query, key, value
@@ -409,8 +413,7 @@ class MultiHeadSelfAttention(keras.layers.Layer):
         return self._attention_weights(query, key)
 
     def call(self, inputs, training=None, num_queries=None):
-        qkv = self.qkv(ops.reshape(inputs, (-1, self.hidden_dim)))
-        return self._attend(qkv, _tokens(inputs), training, num_queries)
+        return self._attend(self._project(inputs), _tokens(inputs), training, num_queries)
 
     def normalized_call(self, inputs, norm, training=None, num_queries=None):
         """`self(norm(inputs), ...)` for a `LayerNorm` `norm`, in training.
