@@ -295,6 +295,8 @@ def _tag(kind):
 class _LocalFiles:
     """The few file operations an export makes, on the local file system."""
 
+    renames_folders_whole = True  # a folder's rename is one step
+
     @staticmethod
     def join(path, name):
         return os.path.join(path, name)
@@ -331,6 +333,15 @@ class _LocalFiles:
     def remove(path):
         _leftovers.remove(path)
 
+    @staticmethod
+    def write_new(path, data):
+        with open(path, "xb") as file:
+            file.write(data)
+
+    @staticmethod
+    def replace(source, target):
+        os.replace(source, target)
+
 
 class _RemoteFiles:
     """The same operations through TensorFlow's file system (gs://, s3://, hdfs://...).
@@ -341,6 +352,8 @@ class _RemoteFiles:
     A folder is moved file by file here too, which is what Cloud Storage
     does anyway.
     """
+
+    renames_folders_whole = False
 
     @staticmethod
     def join(path, name):
@@ -391,6 +404,15 @@ class _RemoteFiles:
             gfile.rmtree(path)
         elif gfile.exists(path):
             gfile.remove(path)
+
+    @staticmethod
+    def write_new(path, data):
+        with _tf().io.gfile.GFile(path, "wb") as file:
+            file.write(data)
+
+    @staticmethod
+    def replace(source, target):
+        _tf().io.gfile.rename(source, target, overwrite=True)
 
 
 def _files(path):
@@ -446,8 +468,8 @@ def _write_saved_model(archive, path):
     files.mkdir(staging)
     try:
         archive.write_out(staging, verbose=False)
-        if files is _LocalFiles and not exists:
-            os.rename(staging, path)  # one step: the SavedModel is there whole, or not at all
+        if files.renames_folders_whole and not exists:
+            files.rename(staging, path)  # one step: the SavedModel is there whole, or not at all
         else:
             if not exists:
                 files.mkdir(path)
@@ -498,14 +520,8 @@ def _write_file(path, data):
     files = _files(path)
     partial = _sibling(path)
     try:
-        if files is _LocalFiles:
-            with open(partial, "xb") as file:
-                file.write(data)
-            os.replace(partial, path)
-        else:
-            with _tf().io.gfile.GFile(partial, "wb") as file:
-                file.write(data)
-            _tf().io.gfile.rename(partial, path, overwrite=True)
+        files.write_new(partial, data)
+        files.replace(partial, path)
     except BaseException:
         _discard(files, partial)
         raise
