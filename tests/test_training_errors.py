@@ -314,6 +314,44 @@ def test_kill_after_training_before_the_run_is_recorded_complete(tiny_npz, tmp_p
     assert not (out / "backup").exists()
 
 
+def test_stop_while_a_resumed_run_exports_keeps_the_earlier_saved_model(
+    tiny_npz, tmp_path, monkeypatch
+):
+    """A run stopped after its export and resumed exports again at its end: stopped
+    (Ctrl-C) in the middle of that second export, it still has the first SavedModel."""
+    import tensorflow as tf
+
+    from keras_vit import export
+
+    out = tmp_path / "run"
+    _kill_when_complete(monkeypatch)
+    argv = ["train", "--data", tiny_npz, *TINY_RUN, "--epochs", "1", "--output", str(out)]
+    with pytest.raises(_Killed):
+        main(argv)
+    monkeypatch.undo()
+    (out / "saved_model" / "notes.txt").write_text("mine")
+    before = (out / "saved_model" / "saved_model.pb").read_bytes()
+
+    archive = export._saved_model_archive
+
+    def stopped_while_writing(*args, **kwargs):
+        archive(*args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(export, "_saved_model_archive", stopped_while_writing)
+    assert main(["train", "--output", str(out), "--resume", "--quiet"]) == 130
+    monkeypatch.undo()
+    assert (out / "saved_model" / "saved_model.pb").read_bytes() == before
+    assert (out / "saved_model" / "notes.txt").read_text() == "mine"
+    served = tf.saved_model.load(str(out / "saved_model")).signatures["serving_default"]
+    assert "probabilities" in served.structured_outputs
+
+    assert main(["train", "--output", str(out), "--resume", "--quiet"]) == 0
+    assert json.loads((out / "run.json").read_text())["completed"] is True
+    assert (out / "saved_model" / "notes.txt").read_text() == "mine"
+    assert sorted(n for n in os.listdir(out) if n.startswith(".")) == []
+
+
 def test_history_skips_rows_cut_short(tmp_path):
     """A kill while CSVLogger wrote a row leaves it cut short, and the resumed run's
     first row is appended to it: the run's end (history.json, curves.png) skips it."""

@@ -745,9 +745,9 @@ def train(args, prepare_output=None, resume=False):
     saved_model = os.path.join(output, "saved_model")
     from keras_vit.export import export_saved_model
 
-    if os.path.exists(saved_model):
-        shutil.rmtree(saved_model)
-    export_saved_model(model, saved_model, class_names=data.class_names)
+    # A resumed run that was stopped after its export replaces that SavedModel; the
+    # new one is written aside and moved in, so a stop now still leaves the old one.
+    export_saved_model(model, saved_model, class_names=data.class_names, overwrite=True)
     _write_run_file(
         args, completed=True, extra={"val_loss": float(loss), "val_accuracy": float(accuracy)}
     )
