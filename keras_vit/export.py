@@ -244,17 +244,13 @@ def check_target(path, overwrite, directory, argument="path"):
             f"`{argument}` must be the .tflite file to write; {path!r} ends in a path separator "
             f"(a folder). Received: {argument}={path!r}"
         )
-    if _is_remote(path):
-        gfile = _tf().io.gfile
-        exists = gfile.exists(path)
-        isdir = exists and gfile.isdir(path)
-        empty = exists and (not gfile.listdir(path) if isdir else gfile.stat(path).length == 0)
-    else:
-        exists, isdir = os.path.exists(path), os.path.isdir(path)
-        empty = exists and (not os.listdir(path) if isdir else os.path.getsize(path) == 0)
-        if not exists:
-            _check_parent(path, argument)
+    files = _files(path)
+    exists = files.exists(path)
+    isdir = exists and files.isdir(path)
+    empty = exists and (not files.listdir(path) if isdir else files.size(path) == 0)
     if not exists:
+        if files is _LocalFiles:  # remote: a path under a file fails when its folder is made
+            _check_parent(path, argument)
         return
     if directory and not isdir:
         raise ValueError(
@@ -322,6 +318,14 @@ class _LocalFiles:
         return os.path.lexists(path)
 
     @staticmethod
+    def exists(path):
+        return os.path.exists(path)
+
+    @staticmethod
+    def size(path):
+        return os.path.getsize(path)
+
+    @staticmethod
     def isdir(path):
         return os.path.isdir(path)
 
@@ -387,6 +391,12 @@ class _RemoteFiles:
     @staticmethod
     def lexists(path):
         return _tf().io.gfile.exists(path)
+
+    exists = lexists  # no symbolic links here
+
+    @staticmethod
+    def size(path):
+        return _tf().io.gfile.stat(path).length
 
     @staticmethod
     def isdir(path):
