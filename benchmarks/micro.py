@@ -4,7 +4,10 @@
     python benchmarks/micro.py gemm mlp        # some of them
     python benchmarks/micro.py --tokens 577    # attention at 384 (24 x 24 patches + 1)
     python benchmarks/micro.py gemm --threads 1   # one thread per product, and two streams
+    python benchmarks/micro.py peak            # the CPU's multiply-add peak, for scale
 
+peak       the CPU's float32 multiply-add peak, 1 to all cores: benchmarks/peak.c, built with
+           the C compiler (cc, gcc or $CC; skipped without one), the ceiling of any product
 gemm       float32 matrix products at the model's shapes: TensorFlow (oneDNN), XLA, NumPy,
            PyTorch (where installed); with --threads 1 also "2 streams": the two halves
            of the rows as two 1-thread products at the same time (keras_vit.streams)
@@ -24,7 +27,10 @@ import argparse
 import functools
 import os
 import resource
+import shutil
+import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -269,7 +275,35 @@ def bench_model(tokens):
     )
 
 
+def bench_peak(tokens):
+    """The CPU's own float32 multiply-add peak (benchmarks/peak.c, compiled here)."""
+    del tokens
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        print("peak: skipped, no C compiler (cc or gcc, or $CC) to build benchmarks/peak.c")
+        return
+    source = os.path.join(os.path.dirname(os.path.abspath(__file__)), "peak.c")
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    with tempfile.TemporaryDirectory() as folder:
+        binary = os.path.join(folder, "peak")
+        build = [compiler, "-O2", "-march=native", "-fopenmp", source, "-o", binary]
+        try:
+            built = subprocess.run(build, capture_output=True, text=True)
+        except OSError as error:  # $CC names no program
+            built = subprocess.CompletedProcess(build, 127, "", str(error))
+        if built.returncode != 0:
+            print(f"peak: skipped, {' '.join(build)} failed:\n{built.stderr.strip()}")
+            return
+        ran = subprocess.run([binary, str(cores), "200000000"], capture_output=True, text=True)
+    if ran.returncode != 0:
+        raise RuntimeError(f"benchmarks/peak.c failed ({ran.returncode}): {ran.stderr.strip()}")
+    print("peak: float32 multiply-adds in registers, no memory traffic (no product can beat it)")
+    for line in ran.stdout.splitlines():
+        print(f"  {line}")
+
+
 BENCHMARKS = {
+    "peak": bench_peak,
     "gemm": bench_gemm,
     "mlp": bench_mlp,
     "attention": bench_attention,

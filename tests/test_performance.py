@@ -564,3 +564,23 @@ def test_dynamic_size_benchmark_refuses_bad_arguments(capsys):
         with pytest.raises(SystemExit):
             script.main(argv)
         assert "--rounds must be positive and --image-size at least 80" in capsys.readouterr().err
+
+
+def test_peak_benchmark_reports_each_thread_count_or_says_why_it_cannot(capsys, monkeypatch):
+    """micro.py peak builds benchmarks/peak.c and prints its multiply-add peak on 1 to
+    all cores; with no working compiler it says so instead of failing."""
+    import re
+    import shutil
+
+    micro = load_benchmark_script("micro")
+    if shutil.which("cc") or shutil.which("gcc"):
+        assert micro.main(["peak"]) == 0
+        out = capsys.readouterr().out
+        rows = re.findall(r"threads (\d+): ([\d.]+) GFLOP/s", out)
+        cores = len(os.sched_getaffinity(0))
+        assert [int(threads) for threads, _ in rows] == list(range(1, cores + 1)), out
+        assert all(float(gflops) > 0 for _, gflops in rows), out
+    monkeypatch.setenv("CC", os.path.join(ROOT, "no-such-compiler"))
+    assert micro.main(["peak"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("peak: skipped") and "no-such-compiler" in out, out
