@@ -11,6 +11,9 @@ peak       the CPU's float32 multiply-add peak, 1 to all cores: benchmarks/peak.
 gemm       float32 matrix products at the model's shapes: TensorFlow (oneDNN), XLA, NumPy,
            PyTorch (where installed); with --threads 1 also "2 streams": the two halves
            of the rows as two 1-thread products at the same time (keras_vit.streams)
+grads      the three products a training step runs for each Dense layer of a block
+           (forward x @ w, input gradient dy @ w^T, weight gradient x^T @ dy), under XLA
+           and NumPy, and their sum: run it twice, with and without an XLA_FLAGS setting
 mlp        the MLP on (batch, tokens, D) against (batch * tokens, D) rows, graph and XLA
 attention  the attention core (softmax(q k^T) v) written four ways, forward and backward
            (keras_vit's: one transpose, unstack, einsums, a hand-written backward pass);
@@ -99,6 +102,69 @@ def bench_gemm(tokens):
         flops = 2.0 * m * k * n
         figures = {name: flops / median_seconds(call) / 1e9 for name, call in contenders.items()}
         print(f"  {(m, k, n)}: " + ", ".join(f"{name} {v:.0f}" for name, v in figures.items()))
+
+
+def bench_grads(tokens):
+    import tensorflow as tf
+
+    rows = BATCH * tokens
+    layers = {
+        "qkv": (DIM, 3 * DIM),
+        "proj": (DIM, DIM),
+        "fc1": (DIM, MLP_DIM),
+        "fc2": (MLP_DIM, DIM),
+    }
+    # name: (operands among x (rows, k), w (k, n), dy (rows, n); transpose_a, transpose_b)
+    products = {
+        "forward": ("x", "w", False, False),
+        "input gradient": ("dy", "w", False, True),
+        "weight gradient": ("x", "dy", True, False),
+    }
+    print(f"grads: GFLOP/s of each Dense layer's training products, {rows} rows, XLA (NumPy)")
+    if os.environ.get("XLA_FLAGS"):
+        print(f"  XLA_FLAGS={os.environ['XLA_FLAGS']}")
+    calls = []
+    for layer, (k, n) in layers.items():
+        tensors = {"x": (rows, k), "w": (k, n), "dy": (rows, n)}
+        tensors = {name: tf.random.normal(shape) for name, shape in tensors.items()}
+        arrays = {name: tensor.numpy() for name, tensor in tensors.items()}
+        for name, (left, right, transpose_a, transpose_b) in products.items():
+            xla = tf.function(
+                functools.partial(tf.matmul, transpose_a=transpose_a, transpose_b=transpose_b),
+                jit_compile=True,
+            )
+            a, b = arrays[left], arrays[right]
+            calls.append(
+                (
+                    layer,
+                    name,
+                    2.0 * rows * k * n,
+                    functools.partial(xla, tensors[left], tensors[right]),
+                    functools.partial(
+                        np.matmul, a.T if transpose_a else a, b.T if transpose_b else b
+                    ),
+                )
+            )
+    # All XLA products first, then NumPy's: OpenBLAS's threads keep spinning for a while
+    # after each call and would slow an XLA product timed right after one.
+    seconds = {}
+    for library, column in (("xla", 3), ("numpy", 4)):
+        for call in calls:  # a process's first products run slow: warm up
+            median_seconds(call[column], repeats=1)
+        seconds[library] = [median_seconds(call[column]) for call in calls]
+    figures = {}
+    for index, (layer, name, flops, _, _) in enumerate(calls):
+        xla, numpy = seconds["xla"][index], seconds["numpy"][index]
+        figures.setdefault(layer, []).append(
+            f"{name} {flops / xla / 1e9:.0f} ({flops / numpy / 1e9:.0f})"
+        )
+    totals = {library: sum(values) for library, values in seconds.items()}
+    for layer, (k, n) in layers.items():
+        print(f"  {layer} (m, k, n) = {(rows, k, n)}: " + ", ".join(figures[layer]))
+    print(
+        f"  all twelve: XLA {totals['xla'] * 1e3:.1f} ms, NumPy {totals['numpy'] * 1e3:.1f} ms"
+        " (one block's Dense products in one training step)"
+    )
 
 
 def bench_mlp(tokens):
@@ -305,6 +371,7 @@ def bench_peak(tokens):
 BENCHMARKS = {
     "peak": bench_peak,
     "gemm": bench_gemm,
+    "grads": bench_grads,
     "mlp": bench_mlp,
     "attention": bench_attention,
     "block": bench_block,

@@ -584,3 +584,28 @@ def test_peak_benchmark_reports_each_thread_count_or_says_why_it_cannot(capsys, 
     assert micro.main(["peak"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("peak: skipped") and "no-such-compiler" in out, out
+
+
+def test_grads_benchmark_times_each_dense_product_of_a_training_step(capsys, monkeypatch):
+    """micro.py grads prints, for each of a block's four Dense layers, the forward,
+    input-gradient and weight-gradient products under XLA and NumPy, and their sums."""
+    import re
+
+    micro = load_benchmark_script("micro")
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_math=false")
+    assert micro.main(["grads", "--tokens", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "XLA_FLAGS=--xla_cpu_enable_fast_math=false" in out, out
+    rows = re.findall(r"(\w+) \(m, k, n\) = \((\d+), (\d+), (\d+)\): (.*)", out)
+    assert [(layer, int(m), int(k), int(n)) for layer, m, k, n, _ in rows] == [
+        ("qkv", 40, 384, 1152),
+        ("proj", 40, 384, 384),
+        ("fc1", 40, 384, 1536),
+        ("fc2", 40, 1536, 384),
+    ], out
+    for *_, figures in rows:
+        found = re.findall(r"(forward|input gradient|weight gradient) (\d+) \((\d+)\)", figures)
+        assert [name for name, _, _ in found] == ["forward", "input gradient", "weight gradient"]
+        assert all(int(xla) > 0 and int(numpy) > 0 for _, xla, numpy in found), figures
+    totals = re.search(r"all twelve: XLA ([\d.]+) ms, NumPy ([\d.]+) ms", out)
+    assert totals and float(totals.group(1)) > 0 and float(totals.group(2)) > 0, out
