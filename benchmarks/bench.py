@@ -28,7 +28,10 @@ The limit: the GEMM probe measures float32 (or bfloat16) matmul GFLOP/s (the
 fastest of NumPy, TensorFlow and PyTorch, where installed, on 2048x2048 matrices) in
 every round; divided by the model's FLOPs per image (forward; training
 counts 3x forward) it gives the images/s no implementation can beat, and
-each figure is shown as a fraction of it.
+each figure is shown as a fraction of it. Before the rounds, benchmarks/peak.c
+(built with the C compiler, where there is one) measures the CPU's float32
+multiply-add peak on all its cores, which no product can beat; the report
+gives the GEMM limit, and what each speed target asks, as shares of it.
 
 Results: a table on stdout, benchmarks/results/bench-<UTC time>.json and .md,
 and benchmarks/results/latest.{json,md}.
@@ -48,6 +51,7 @@ ROOT = os.path.dirname(HERE)
 RESULTS = os.path.join(HERE, "results")
 sys.path.insert(0, HERE)
 
+import peak  # noqa: E402
 from runner import ARCHITECTURES, NUM_CLASSES  # noqa: E402
 
 # Display name -> (runner contender, extra environment, runner options).
@@ -423,14 +427,35 @@ def fmt(value, spec):
     return format(value, spec) if isinstance(value, (int, float)) else "-"
 
 
+def _share_of_peak(report, gflops):
+    """'84% of the CPU's multiply-add peak' for a float32 rate; '' when either is unknown."""
+    peak_gflops = report.get("multiply_add_peak", {}).get("gflops_per_s")
+    if not peak_gflops or not isinstance(gflops, (int, float)) or report["gemm_dtype"] != "float32":
+        return ""
+    return f"{gflops / peak_gflops:.0%} of the CPU's multiply-add peak"
+
+
+def measure_peak(dtype):
+    """The CPU's float32 multiply-add peak on all cores, for the report."""
+    if dtype != "float32":
+        return {"skipped": "measured for float32 runs only"}
+    threads = peak.cores()
+    lines, figures = peak.measure(first=threads, last=threads)
+    if lines is None:
+        return {"skipped": figures}
+    return {"gflops_per_s": figures[threads], "threads": threads}
+
+
 def markdown(report):
     lines = []
     for result in report["results"]:
+        gemm = result["gemm_gflops_per_s"]
+        limit_share = _share_of_peak(report, gemm)
         lines += [
             f"### {result['config']} (batch {report['batch_size']}, {report['dtype']})",
             "",
-            f"Machine limit: {fmt(result['gemm_gflops_per_s'], '.0f')} GFLOP/s "
-            f"{report['gemm_dtype']} GEMM x "
+            f"Machine limit: {fmt(gemm, '.0f')} GFLOP/s "
+            f"{report['gemm_dtype']} GEMM{limit_share and f' ({limit_share})'} x "
             f"{result['gflops_per_image_forward']:.1f} GFLOPs/image = "
             f"{fmt(result['limit_infer_images_per_s'], '.1f')} images/s inference, "
             f"{fmt(result['limit_train_images_per_s'], '.2f')} training.",
@@ -464,7 +489,14 @@ def markdown(report):
                 lines.append(
                     f"- {kind}: {name or REFERENCE} {check['lead_over_fastest_peer']:.2f}x the "
                     f"fastest peer ({check['fastest_peer']}); target {check['target']:.2f}x"
-                    + (f" ({needs:.0%} of the machine's limit)" if needs else "")
+                    + (
+                        f" ({needs:.0%} of the machine's limit"
+                        # needs is known only where the GEMM limit is
+                        + (f", {share}" if (share := _share_of_peak(report, needs * gemm)) else "")
+                        + ")"
+                        if needs
+                        else ""
+                    )
                     + f": {'holds' if check['holds'] else 'MISSED'}"
                 )
             for key, memory in checks.items():
@@ -476,9 +508,18 @@ def markdown(report):
                     f"{'holds' if memory['holds'] else 'MISSED'}"
                 )
         lines.append("")
+    measured = report.get("multiply_add_peak", {})
     lines += [
         "keras_vit lead = keras_vit's median / the contender's median, both measured in the "
         "same interleaved rounds (above 1: keras_vit is faster).",
+        "",
+        (
+            f"CPU multiply-add peak: {measured['gflops_per_s']:.0f} GFLOP/s float32 on "
+            f"{measured['threads']} cores (benchmarks/peak.c, multiply-adds in registers; "
+            "no product can beat it)."
+            if measured.get("gflops_per_s")
+            else f"CPU multiply-add peak: not measured ({measured.get('skipped', 'not run')})."
+        ),
         "",
         f"Run {report['date']} on {report['machine']}; command: `{report['command']}`.",
     ]
@@ -569,6 +610,13 @@ def main(argv=None):
         "train_seconds": args.train_seconds,
         "results": [],
     }
+    report["multiply_add_peak"] = measure_peak(args.dtype)
+    measured = report["multiply_add_peak"]
+    log(
+        f"CPU multiply-add peak: {measured['gflops_per_s']:.0f} GFLOP/s on {measured['threads']} cores"
+        if "gflops_per_s" in measured
+        else f"CPU multiply-add peak not measured: {measured['skipped']}"
+    )
     for config in args.models:
         model_name, image_size = MODELS[config]
         flops = model_flops(model_name, image_size)

@@ -30,15 +30,13 @@ import argparse
 import functools
 import os
 import resource
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import peak  # noqa: E402
 from runner import keras_loss_and_optimizer  # noqa: E402
 
 BATCH, DIM, HEADS, MLP_DIM = 8, 384, 6, 1536
@@ -344,27 +342,12 @@ def bench_model(tokens):
 def bench_peak(tokens):
     """The CPU's own float32 multiply-add peak (benchmarks/peak.c, compiled here)."""
     del tokens
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        print("peak: skipped, no C compiler (cc or gcc, or $CC) to build benchmarks/peak.c")
+    lines, figures = peak.measure()
+    if lines is None:
+        print(f"peak: skipped, {figures}")
         return
-    source = os.path.join(os.path.dirname(os.path.abspath(__file__)), "peak.c")
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    with tempfile.TemporaryDirectory() as folder:
-        binary = os.path.join(folder, "peak")
-        build = [compiler, "-O2", "-march=native", "-fopenmp", source, "-o", binary]
-        try:
-            built = subprocess.run(build, capture_output=True, text=True)
-        except OSError as error:  # $CC names no program
-            built = subprocess.CompletedProcess(build, 127, "", str(error))
-        if built.returncode != 0:
-            print(f"peak: skipped, {' '.join(build)} failed:\n{built.stderr.strip()}")
-            return
-        ran = subprocess.run([binary, str(cores), "200000000"], capture_output=True, text=True)
-    if ran.returncode != 0:
-        raise RuntimeError(f"benchmarks/peak.c failed ({ran.returncode}): {ran.stderr.strip()}")
     print("peak: float32 multiply-adds in registers, no memory traffic (no product can beat it)")
-    for line in ran.stdout.splitlines():
+    for line in lines:
         print(f"  {line}")
 
 

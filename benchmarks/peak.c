@@ -4,7 +4,9 @@
  *   cc -O2 -march=native -fopenmp benchmarks/peak.c -o /tmp/peak && /tmp/peak 2
  *
  * prints one line per thread count, "threads T: G GFLOP/s", each the best of
- * five timed runs. `python benchmarks/micro.py peak` compiles and runs it.
+ * five timed runs: from FIRST (default 1) to THREADS (default: all CPUs).
+ * benchmarks/peak.py compiles and runs it, for `python benchmarks/micro.py
+ * peak` and for bench.py's report.
  * No GEMM can beat this figure; it bounds what any implementation of the
  * model can reach on the machine.
  */
@@ -55,12 +57,13 @@ int main(int argc, char **argv) {
     long iterations = argc > 2 ? atol(argv[2]) : 20000000L;
     /* From the command line, so the compiler cannot fold the loop. */
     float scale = 0.999999f + (argc > 3 ? (float)atof(argv[3]) : 0.0f), shift = 1e-6f;
-    if (most < 1 || iterations < 1) {
-        fprintf(stderr, "usage: peak [THREADS >= 1] [ITERATIONS >= 1] [SCALE]\n");
+    int first = argc > 4 ? atoi(argv[4]) : 1;
+    if (most < 1 || iterations < 1 || first < 1 || first > most) {
+        fprintf(stderr, "usage: peak [THREADS >= 1] [ITERATIONS >= 1] [SCALE] [FIRST in 1..THREADS]\n");
         return 2;
     }
     printf("vector width %d floats, %d chains\n", WIDTH, CHAINS);
-    for (int threads = 1; threads <= most; threads++) {
+    for (int threads = first; threads <= most; threads++) {
         double best = 0;
         volatile float sink = 0;
         for (int run = 0; run < 5; run++) {

@@ -227,6 +227,39 @@ def test_bench_targets_rate_every_keras_vit_variant_against_the_fastest_peer():
     assert "target 1.10x (88% of the machine's limit): MISSED" in infer_line
     train_line = next(line for line in lines if line.startswith("- train: keras_vit "))
     assert "target 1.20x: MISSED" in train_line
+    assert "CPU multiply-add peak: not measured (not run)." in lines
+
+    # With the CPU's multiply-add peak measured, the limit and each target are also
+    # given as shares of it: 180 / 240 = 75%, 0.88 x 180 / 240 = 66%.
+    report["multiply_add_peak"] = {"gflops_per_s": 240.0, "threads": 2}
+    lines = bench.markdown(report).splitlines()
+    assert any(
+        line.startswith(
+            "Machine limit: 180 GFLOP/s float32 GEMM (75% of the CPU's multiply-add peak) x 9.2"
+        )
+        for line in lines
+    ), lines
+    infer_line = next(line for line in lines if line.startswith("- infer: keras_vit "))
+    assert "(88% of the machine's limit, 66% of the CPU's multiply-add peak): MISSED" in infer_line
+    assert any(
+        line.startswith("CPU multiply-add peak: 240 GFLOP/s float32 on 2 cores") for line in lines
+    )
+    # A bfloat16 run's limit is not compared with the float32 peak.
+    report["gemm_dtype"] = "bfloat16"
+    assert "multiply-add peak)" not in bench.markdown(report)
+
+
+def test_bench_measures_the_multiply_add_peak_on_all_cores_or_says_why_not(monkeypatch):
+    import shutil
+
+    bench = load_benchmark_script("bench")
+    assert bench.measure_peak("mixed_bfloat16") == {"skipped": "measured for float32 runs only"}
+    if shutil.which("cc") or shutil.which("gcc"):
+        measured = bench.measure_peak("float32")
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        assert measured["threads"] == cores and measured["gflops_per_s"] > 0, measured
+    monkeypatch.setenv("CC", os.path.join(ROOT, "no-such-compiler"))
+    assert "no-such-compiler" in bench.measure_peak("float32")["skipped"]
 
 
 def test_plot_draws_each_contenders_medians_and_refuses_what_is_not_a_report(tmp_path, capsys):
