@@ -259,7 +259,17 @@ def test_bench_measures_the_multiply_add_peak_on_all_cores_or_says_why_not(monke
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
         assert measured["threads"] == cores and measured["gflops_per_s"] > 0, measured
     monkeypatch.setenv("CC", os.path.join(ROOT, "no-such-compiler"))
-    assert "no-such-compiler" in bench.measure_peak("float32")["skipped"]
+    skipped = bench.measure_peak("float32")["skipped"]
+    assert "no-such-compiler" in skipped and "\n" not in skipped, skipped
+
+    # A binary that builds but fails to run is reported, not raised: the bench goes on.
+    def fails(**_):
+        raise RuntimeError("benchmarks/peak.c failed (132): Illegal instruction")
+
+    monkeypatch.setattr(bench.peak, "measure", fails)
+    assert bench.measure_peak("float32") == {
+        "skipped": "benchmarks/peak.c failed (132): Illegal instruction"
+    }
 
 
 def test_plot_draws_each_contenders_medians_and_refuses_what_is_not_a_report(tmp_path, capsys):
