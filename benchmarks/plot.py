@@ -7,8 +7,9 @@ Three panels, one group of bars per model (ViT-S/16 224, ViT-B/16 224,
 ViT-S/16 384), one bar per contender: inference and training-step speed,
 each as a share of what the machine allows (images/s times the model's
 FLOPs per image, over the float32 GEMM rate bench.py measured in the same
-run; the dashed line is that limit), and the peak resident memory of the
-training process. A run without a GEMM measurement (`--no-gemm`) is drawn in
+run; the dashed line is that limit; where bench.py measured the CPU's
+float32 multiply-add peak, a dotted segment over each model's bars marks it,
+on the same scale), and the peak resident memory of the training process. A run without a GEMM measurement (`--no-gemm`) is drawn in
 images/s instead. The bars are bench.py's medians; its Markdown file has the
 ratios, taken from the same interleaved rounds, that the targets are judged on.
 """
@@ -89,6 +90,29 @@ def panels(results):
     ]
 
 
+def peak_segments(axis, report, results):
+    """A dotted segment over each model's bars at the CPU's multiply-add peak, as a
+    share of that model's GEMM limit; nothing where either was not measured."""
+    peak = (report.get("multiply_add_peak") or {}).get("gflops_per_s")
+    if not peak or report.get("gemm_dtype", "float32") != "float32":
+        return
+    drawn = None
+    for position, result in enumerate(results):
+        gemm = result.get("gemm_gflops_per_s")
+        if gemm:
+            drawn = (position, 100 * peak / gemm)
+            axis.hlines(drawn[1], position - 0.45, position + 0.45, colors="black", linestyles=":")
+    if drawn:
+        axis.annotate(
+            "CPU multiply-add peak",
+            (drawn[0] + 0.45, drawn[1]),
+            xytext=(0, 3),
+            textcoords="offset points",
+            ha="right",
+            fontsize=8,
+        )
+
+
 def figure_of(report):
     """The chart of `report` (bench.py's JSON) as a matplotlib Figure."""
     import matplotlib.figure
@@ -133,6 +157,7 @@ def figure_of(report):
                 ha="right",
                 fontsize=8,
             )
+            peak_segments(axis, report, results)
         axis.set_title(title)
         axis.set_ylabel(ylabel)
         axis.set_xticks(range(len(models)))

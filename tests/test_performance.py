@@ -331,6 +331,21 @@ def test_plot_draws_each_contenders_medians_and_refuses_what_is_not_a_report(tmp
     assert [t.get_text() for t in inference.get_xticklabels()] == ["ViT-S/16 224", "ViT-B/16 224"]
     legend = [text.get_text() for text in figure.legends[0].get_texts()]
     assert legend == ["keras_vit", "timm", "vit-keras"]
+    assert not inference.collections  # no multiply-add peak in the report: no segments
+
+    # With the CPU's multiply-add peak (240 GFLOP/s) and each model's GEMM limit (200,
+    # 180 GFLOP/s), a dotted segment over each model's bars at 120% and 133%.
+    report["multiply_add_peak"] = {"gflops_per_s": 240.0, "threads": 2}
+    report["results"][0]["gemm_gflops_per_s"] = 200.0
+    report["results"][1]["gemm_gflops_per_s"] = 180.0
+    for axis in plot.figure_of(report).axes[:2]:
+        segments = [segment for lines in axis.collections for segment in lines.get_segments()]
+        assert [
+            [tuple(round(float(v), 2) for v in point) for point in segment] for segment in segments
+        ] == [[(-0.45, 120.0), (0.45, 120.0)], [(0.55, 133.33), (1.45, 133.33)]]
+        assert "CPU multiply-add peak" in [text.get_text() for text in axis.texts]
+        assert axis.get_ylim()[1] > 133.33
+    del report["multiply_add_peak"]
 
     # A run without the GEMM probe has no shares: images/s instead.
     del report["results"][1]["contenders"]["timm"]["train_fraction_of_limit"]
