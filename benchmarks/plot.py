@@ -9,9 +9,10 @@ each as a share of what the machine allows (images/s times the model's
 FLOPs per image, over the float32 GEMM rate bench.py measured in the same
 run; the dashed line is that limit; where bench.py measured the CPU's
 float32 multiply-add peak, a dotted segment over each model's bars marks it,
-on the same scale), and the peak resident memory of the training process. A run without a GEMM measurement (`--no-gemm`) is drawn in
-images/s instead. The bars are bench.py's medians; its Markdown file has the
-ratios, taken from the same interleaved rounds, that the targets are judged on.
+on the same scale), and the peak resident memory of the training process.
+A run whose GEMM probe measured nothing is drawn in images/s instead. The
+bars are bench.py's medians; its Markdown file has the ratios, taken from
+the same interleaved rounds, that the targets are judged on.
 """
 
 import argparse
