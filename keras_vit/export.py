@@ -249,8 +249,7 @@ def check_target(path, overwrite, directory, argument="path"):
     isdir = exists and files.isdir(path)
     empty = exists and (not files.listdir(path) if isdir else files.size(path) == 0)
     if not exists:
-        if files is _LocalFiles:  # remote: a path under a file fails when its folder is made
-            _check_parent(path, argument)
+        files.check_parent(path, argument)
         return
     if directory and not isdir:
         raise ValueError(
@@ -271,18 +270,6 @@ def check_target(path, overwrite, directory, argument="path"):
         )
 
 
-def _check_parent(path, argument):
-    """Raise unless the nearest existing folder above the new `path` is a folder."""
-    above = os.path.dirname(os.path.abspath(path))
-    while not os.path.exists(above):
-        above = os.path.dirname(above)
-    if not os.path.isdir(above):
-        raise ValueError(
-            f"`{argument}` {path!r} cannot be written: {above!r} is a file, not a folder. "
-            f"Received: {argument}={path!r}"
-        )
-
-
 def _tag(kind):
     """`kind` (partial, previous) with this process, its host and a random part."""
     return f"{kind}-{_leftovers.owner()}-{uuid.uuid4().hex[:12]}"
@@ -292,6 +279,18 @@ class _LocalFiles:
     """The few file operations an export makes, on the local file system."""
 
     renames_folders_whole = True  # a folder's rename is one step
+
+    @staticmethod
+    def check_parent(path, argument):
+        """Raise unless the nearest existing folder above the new `path` is a folder."""
+        above = os.path.dirname(os.path.abspath(path))
+        while not os.path.exists(above):
+            above = os.path.dirname(above)
+        if not os.path.isdir(above):
+            raise ValueError(
+                f"`{argument}` {path!r} cannot be written: {above!r} is a file, not a folder. "
+                f"Received: {argument}={path!r}"
+            )
 
     @staticmethod
     def join(path, name):
@@ -358,6 +357,11 @@ class _RemoteFiles:
     """
 
     renames_folders_whole = False
+
+    @staticmethod
+    def check_parent(path, argument):
+        """Nothing to check before writing: a path under a file fails when its folder is made."""
+        del path, argument
 
     @staticmethod
     def join(path, name):
