@@ -132,26 +132,22 @@ def bench_grads(tokens):
                 jit_compile=True,
             )
             a, b = arrays[left], arrays[right]
-            calls.append(
-                (
-                    layer,
-                    name,
-                    2.0 * rows * k * n,
-                    functools.partial(xla, tensors[left], tensors[right]),
-                    functools.partial(
-                        np.matmul, a.T if transpose_a else a, b.T if transpose_b else b
-                    ),
-                )
-            )
+            products_of = {
+                "xla": functools.partial(xla, tensors[left], tensors[right]),
+                "numpy": functools.partial(
+                    np.matmul, a.T if transpose_a else a, b.T if transpose_b else b
+                ),
+            }
+            calls.append((layer, name, 2.0 * rows * k * n, products_of))
     # All XLA products first, then NumPy's: OpenBLAS's threads keep spinning for a while
     # after each call and would slow an XLA product timed right after one.
     seconds = {}
-    for library, column in (("xla", 3), ("numpy", 4)):
-        for call in calls:  # a process's first products run slow: warm up
-            median_seconds(call[column], repeats=1)
-        seconds[library] = [median_seconds(call[column]) for call in calls]
+    for library in ("xla", "numpy"):
+        for *_, products_of in calls:  # a process's first products run slow: warm up
+            median_seconds(products_of[library], repeats=1)
+        seconds[library] = [median_seconds(products_of[library]) for *_, products_of in calls]
     figures = {}
-    for index, (layer, name, flops, _, _) in enumerate(calls):
+    for index, (layer, name, flops, _) in enumerate(calls):
         xla, numpy = seconds["xla"][index], seconds["numpy"][index]
         figures.setdefault(layer, []).append(
             f"{name} {flops / xla / 1e9:.0f} ({flops / numpy / 1e9:.0f})"
