@@ -12,8 +12,10 @@ gemm       float32 matrix products at the model's shapes: TensorFlow (oneDNN), X
            PyTorch (where installed); with --threads 1 also "2 streams": the two halves
            of the rows as two 1-thread products at the same time (keras_vit.streams)
 grads      the three products a training step runs for each Dense layer of a block
-           (forward x @ w, input gradient dy @ w^T, weight gradient x^T @ dy), under XLA
-           and NumPy, and their sum: run it twice, with and without an XLA_FLAGS setting
+           (forward x @ w, input gradient dy @ w^T, weight gradient x^T @ dy), under XLA,
+           in NumPy's OpenBLAS called from an XLA program (benchmarks/xla_blas.cc, built
+           with the C++ compiler; skipped without one) and in NumPy, one call each and
+           all twelve in one XLA program; run it twice to compare an XLA_FLAGS setting
 mlp        the MLP on (batch, tokens, D) against (batch * tokens, D) rows, graph and XLA
 attention  the attention core (softmax(q k^T) v) written four ways, forward and backward
            (keras_vit's: one transpose, unstack, einsums, a hand-written backward pass);
@@ -27,6 +29,7 @@ side comparisons with the peers are benchmarks/bench.py's job.
 """
 
 import argparse
+import contextlib
 import functools
 import os
 import resource
@@ -102,8 +105,14 @@ def bench_gemm(tokens):
         print(f"  {(m, k, n)}: " + ", ".join(f"{name} {v:.0f}" for name, v in figures.items()))
 
 
+@contextlib.contextmanager
+def _nothing():
+    yield
+
+
 def bench_grads(tokens):
     import tensorflow as tf
+    import xla_blas
 
     rows = BATCH * tokens
     layers = {
@@ -118,47 +127,78 @@ def bench_grads(tokens):
         "input gradient": ("dy", "w", False, True),
         "weight gradient": ("x", "dy", True, False),
     }
-    print(f"grads: GFLOP/s of each Dense layer's training products, {rows} rows, XLA (NumPy)")
+    blas_matmul, why = xla_blas.build(peak.cores())
+    libraries = {"xla": tf.matmul, "openblas in xla": blas_matmul}
+    libraries = {name: matmul for name, matmul in libraries.items() if matmul is not None}
+    names = {"xla": "XLA", "openblas in xla": "OpenBLAS in XLA", "numpy": "NumPy"}
+    print(
+        f"grads: GFLOP/s of each Dense layer's training products, {rows} rows, "
+        + " / ".join(names[library] for library in [*libraries, "numpy"])
+    )
+    if blas_matmul is None:
+        print(f"  OpenBLAS in XLA: skipped, {why}")
     if os.environ.get("XLA_FLAGS"):
         print(f"  XLA_FLAGS={os.environ['XLA_FLAGS']}")
-    calls = []
+    calls, operands = [], []
     for layer, (k, n) in layers.items():
         tensors = {"x": (rows, k), "w": (k, n), "dy": (rows, n)}
         tensors = {name: tf.random.normal(shape) for name, shape in tensors.items()}
         arrays = {name: tensor.numpy() for name, tensor in tensors.items()}
         for name, (left, right, transpose_a, transpose_b) in products.items():
-            xla = tf.function(
-                functools.partial(tf.matmul, transpose_a=transpose_a, transpose_b=transpose_b),
-                jit_compile=True,
-            )
-            a, b = arrays[left], arrays[right]
+            transposes = {"transpose_a": transpose_a, "transpose_b": transpose_b}
+            operands.append((tensors[left], tensors[right], transposes))
             products_of = {
-                "xla": functools.partial(xla, tensors[left], tensors[right]),
-                "numpy": functools.partial(
-                    np.matmul, a.T if transpose_a else a, b.T if transpose_b else b
-                ),
+                library: functools.partial(
+                    tf.function(functools.partial(matmul, **transposes), jit_compile=True),
+                    tensors[left],
+                    tensors[right],
+                )
+                for library, matmul in libraries.items()
             }
+            a, b = arrays[left], arrays[right]
+            products_of["numpy"] = functools.partial(
+                np.matmul, a.T if transpose_a else a, b.T if transpose_b else b
+            )
             calls.append((layer, name, 2.0 * rows * k * n, products_of))
-    # All XLA products first, then NumPy's: OpenBLAS's threads keep spinning for a while
-    # after each call and would slow an XLA product timed right after one.
+    if blas_matmul is not None:  # the custom call computes the same products
+        with xla_blas.one_thread_openblas():
+            error = max(
+                float(np.max(np.abs(call["openblas in xla"]().numpy() - call["numpy"]())))
+                for *_, call in calls
+            )
+        print(f"  OpenBLAS in XLA against NumPy: largest difference {error:.1e}")
+    # NumPy's products last: OpenBLAS's threads keep spinning for a while after each
+    # call and would slow an XLA product timed right after one. (The custom call runs
+    # one-thread OpenBLAS calls on threads of its own, which do not spin.)
     seconds = {}
-    for library in ("xla", "numpy"):
-        for *_, products_of in calls:  # a process's first products run slow: warm up
-            median_seconds(products_of[library], repeats=1)
-        seconds[library] = [median_seconds(products_of[library]) for *_, products_of in calls]
+    for library in [*libraries, "numpy"]:
+        with xla_blas.one_thread_openblas() if library == "openblas in xla" else _nothing():
+            for *_, products_of in calls:  # a process's first products run slow: warm up
+                median_seconds(products_of[library], repeats=1)
+            seconds[library] = [median_seconds(call[library]) for *_, call in calls]
     figures = {}
     for index, (layer, name, flops, _) in enumerate(calls):
-        xla, numpy = seconds["xla"][index], seconds["numpy"][index]
-        figures.setdefault(layer, []).append(
-            f"{name} {flops / xla / 1e9:.0f} ({flops / numpy / 1e9:.0f})"
-        )
-    totals = {library: sum(values) for library, values in seconds.items()}
+        rates = [f"{flops / values[index] / 1e9:.0f}" for values in seconds.values()]
+        figures.setdefault(layer, []).append(f"{name} {' / '.join(rates)}")
     for layer, (k, n) in layers.items():
         print(f"  {layer} (m, k, n) = {(rows, k, n)}: " + ", ".join(figures[layer]))
-    print(
-        f"  all twelve: XLA {totals['xla'] * 1e3:.1f} ms, NumPy {totals['numpy'] * 1e3:.1f} ms"
-        " (one block's Dense products in one training step)"
-    )
+    totals = ", ".join(f"{names[library]} {sum(v) * 1e3:.1f} ms" for library, v in seconds.items())
+    print(f"  all twelve, one call each: {totals} (one block's Dense products in a training step)")
+    # The twelve in one XLA program, as a training step runs them: XLA may overlap them.
+    programs = {}
+    for library, matmul in libraries.items():
+
+        def program(matmul=matmul):
+            products = [matmul(a, b, **transposes) for a, b, transposes in operands]
+            return [product[0, 0] for product in products]
+
+        programs[library] = tf.function(program, jit_compile=True)
+    together = []
+    for library, program in programs.items():
+        with xla_blas.one_thread_openblas() if library == "openblas in xla" else _nothing():
+            together.append(f"{names[library]} {median_seconds(program) * 1e3:.1f} ms")
+    together = ", ".join(together)
+    print(f"  all twelve in one XLA program: {together}")
 
 
 def bench_mlp(tokens):

@@ -646,14 +646,22 @@ def test_peak_benchmark_reports_each_thread_count_or_says_why_it_cannot(capsys, 
 
 def test_grads_benchmark_times_each_dense_product_of_a_training_step(capsys, monkeypatch):
     """micro.py grads prints, for each of a block's four Dense layers, the forward,
-    input-gradient and weight-gradient products under XLA and NumPy, and their sums."""
+    input-gradient and weight-gradient products under XLA, in OpenBLAS called from
+    XLA (where a C++ compiler builds it) and in NumPy, and their sums."""
     import re
+    import shutil
 
     micro = load_benchmark_script("micro")
     monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_math=false")
     assert micro.main(["grads", "--tokens", "5"]) == 0
     out = capsys.readouterr().out
     assert "XLA_FLAGS=--xla_cpu_enable_fast_math=false" in out, out
+    built = bool(shutil.which("c++") or shutil.which("g++"))
+    libraries = ["XLA", "OpenBLAS in XLA", "NumPy"] if built else ["XLA", "NumPy"]
+    assert out.startswith(
+        f"grads: GFLOP/s of each Dense layer's training products, 40 rows, "
+        f"{' / '.join(libraries)}\n"
+    ), out
     rows = re.findall(r"(\w+) \(m, k, n\) = \((\d+), (\d+), (\d+)\): (.*)", out)
     assert [(layer, int(m), int(k), int(n)) for layer, m, k, n, _ in rows] == [
         ("qkv", 40, 384, 1152),
@@ -661,9 +669,25 @@ def test_grads_benchmark_times_each_dense_product_of_a_training_step(capsys, mon
         ("fc1", 40, 384, 1536),
         ("fc2", 40, 1536, 384),
     ], out
+    rate = " / ".join([r"(\d+)"] * len(libraries))
     for *_, figures in rows:
-        found = re.findall(r"(forward|input gradient|weight gradient) (\d+) \((\d+)\)", figures)
-        assert [name for name, _, _ in found] == ["forward", "input gradient", "weight gradient"]
-        assert all(int(xla) > 0 and int(numpy) > 0 for _, xla, numpy in found), figures
-    totals = re.search(r"all twelve: XLA ([\d.]+) ms, NumPy ([\d.]+) ms", out)
-    assert totals and float(totals.group(1)) > 0 and float(totals.group(2)) > 0, out
+        found = re.findall(rf"(forward|input gradient|weight gradient) {rate}(?:,|$)", figures)
+        assert [name for name, *_ in found] == ["forward", "input gradient", "weight gradient"]
+        assert all(int(value) > 0 for _, *values in found for value in values), figures
+    for line in ("all twelve, one call each", "all twelve in one XLA program"):
+        totals = re.search(rf"{line}: (.*)", out).group(1)
+        sums = re.findall(r"([A-Za-z ]+?) ([\d.]+) ms", totals)
+        expected = libraries if "one call" in line else libraries[:-1]
+        assert [name.strip(", ") for name, _ in sums] == expected, totals
+        assert all(float(ms) > 0 for _, ms in sums), totals
+    if built:  # the custom call computes NumPy's products (the same OpenBLAS)
+        error = re.search(r"OpenBLAS in XLA against NumPy: largest difference (\S+)", out)
+        assert error and float(error.group(1)) < 1e-3, out
+
+
+def test_openblas_custom_call_says_why_it_cannot_be_built(monkeypatch):
+    """benchmarks/xla_blas.py returns the reason instead of failing without a compiler."""
+    xla_blas = load_benchmark_script("xla_blas")
+    monkeypatch.setenv("CXX", os.path.join(ROOT, "no-such-compiler"))
+    matmul, why = xla_blas.build(2)
+    assert matmul is None and "no-such-compiler" in why and "failed" in why, why
