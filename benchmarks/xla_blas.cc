@@ -7,6 +7,7 @@
 // part per core, each an OpenBLAS call on its own thread; xla_blas.py sets OpenBLAS
 // to one thread while it times them: OpenBLAS's own threads spin after each call
 // and would slow XLA's threads that run next.
+#include <algorithm>
 #include <cstdint>
 #include <thread>
 #include <vector>
