@@ -978,6 +978,58 @@ def test_layer_norm_dense_keeps_less_memory_in_graph_mode(monkeypatch):
     assert kept - fused > 0.5 * pairs * rows * width * 4, (kept, fused)
 
 
+@pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="TensorFlow graphs")
+def test_graph_mode_runs_the_backward_passes_element_wise_work_as_xla_programs():
+    """Traced in graph mode (not XLA), layer_norm_dense's and gelu_dense's
+    element-wise work runs as small XLA-compiled functions between TensorFlow's
+    products, with eager's values; inside an XLA program it is inlined as it is."""
+    import tensorflow as tf
+
+    from keras_vit.layers.normalization import layer_norm_dense
+    from keras_vit.layers.transformer import gelu_dense
+
+    x = tf.constant((RNG.normal(scale=2.0, size=(12, 16)) + 1.0).astype("float32"))
+    gamma, beta = (tf.constant(RNG.normal(size=(16,)).astype("float32")) for _ in range(2))
+    kernel = tf.constant(RNG.normal(size=(16, 16)).astype("float32"))
+    bias = tf.constant(RNG.normal(size=(16,)).astype("float32"))
+    upstream = tf.constant(RNG.normal(size=(12, 16)).astype("float32"))
+    inputs = (x, gamma, beta, kernel, bias)
+
+    def step(x, gamma, beta, kernel, bias):
+        with tf.GradientTape() as tape:
+            tape.watch([x, gamma, beta, kernel, bias])
+            h = layer_norm_dense(x, gamma, beta, 1e-6, kernel, bias)
+            outputs = gelu_dense(h, kernel, bias)
+        return [outputs, *tape.gradient(outputs, [x, gamma, beta, kernel, bias], upstream)]
+
+    def compiled_functions(function):
+        graph = function.get_concrete_function(*inputs).graph.as_graph_def()
+        return sorted(
+            f.signature.name
+            for f in graph.library.function
+            if "_XlaMustCompile" in f.attr and f.attr["_XlaMustCompile"].b
+        )
+
+    eager = step(*inputs)
+    graph = tf.function(step)
+    # layer_norm_dense: the forward's normalization, its recomputation and the
+    # backward; gelu_dense: the forward's GELU, its recomputation and the backward.
+    names = [re.sub(r"^__inference_|_\d+$", "", name) for name in compiled_functions(graph)]
+    assert names == [
+        "_gelu_backward_fused",
+        "_gelu_forward_fused",
+        "_gelu_value_fused",
+        "_normalized_rows",
+        "_renormalized_rows",
+        "_rows_backward",
+    ], names
+    xla = tf.function(step, jit_compile=True)
+    assert compiled_functions(xla) == []
+    for function in (graph, xla):
+        for got, expected in zip(function(*inputs), eager):
+            np.testing.assert_allclose(got.numpy(), expected.numpy(), rtol=1e-5, atol=1e-5)
+
+
 def test_mlp_bias_initialisation_is_tiny_normal():
     layer = layers.MLP(mlp_dim=4096)
     layer.build((None, 3, 1024))

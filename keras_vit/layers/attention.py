@@ -6,6 +6,7 @@ import keras
 from keras import ops
 
 from keras_vit import _cpu
+from keras_vit.layers._backward import in_xla_program
 from keras_vit.layers._checks import positive_int
 from keras_vit.layers._checks import rate as check_rate
 
@@ -89,17 +90,6 @@ def batched_core_only():
         _batched_only.pop()
 
 
-def _in_xla_program():
-    """Whether TensorFlow is tracing a function for XLA (`jit_compile=True`)."""
-    import tensorflow as tf
-
-    try:
-        from tensorflow.python.ops import control_flow_util
-    except ImportError:  # the private module moved: assume graph mode
-        return False
-    return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
-
-
 def _runs_per_head(query, key):
     """Whether `_attention_core_per_head` is the faster core here.
 
@@ -123,7 +113,7 @@ def _runs_per_head(query, key):
     tokens = (query.shape[2], key.shape[2])
     if _batched_only or any(count is None or count < PER_HEAD_MIN_TOKENS for count in tokens):
         return False
-    return _cpu.jax_on_cpu() or (_cpu.cpu_only_tensorflow() and not _in_xla_program())
+    return _cpu.jax_on_cpu() or (_cpu.cpu_only_tensorflow() and not in_xla_program())
 
 
 def _attention_core_per_head(query, key, value):

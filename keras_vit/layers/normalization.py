@@ -5,7 +5,7 @@ import keras
 from keras import ops
 
 from keras_vit import _cpu
-from keras_vit.layers._backward import tied_to_upstream
+from keras_vit.layers._backward import tied_to_upstream, xla_fused
 
 
 def _fused_tensorflow_layer_norm(inputs, gamma, beta, epsilon):
@@ -95,6 +95,32 @@ def _layer_norm_last_axis(x, gamma, beta, epsilon):
     return forward(x, gamma, beta)
 
 
+@xla_fused
+def _normalized_rows(x, gamma, beta, epsilon, dtype):
+    """(layer_norm(x) in `dtype`, each row's mean, each row's 1 / std) of 2-D `x`."""
+    rows = ops.cast(x, "float32")
+    mean = ops.mean(rows, axis=-1, keepdims=True)
+    centered = rows - mean
+    inverse_std = ops.rsqrt(ops.mean(centered * centered, axis=-1, keepdims=True) + epsilon)
+    return ops.cast(centered * inverse_std * gamma + beta, dtype), mean, inverse_std
+
+
+@xla_fused
+def _renormalized_rows(x, mean, inverse_std, gamma, beta, dtype):
+    """layer_norm(x) in `dtype` again, from float32 `x` and the kept row statistics."""
+    return ops.cast((x - mean) * inverse_std * gamma + beta, dtype)
+
+
+@xla_fused
+def _rows_backward(d_outputs, x, mean, inverse_std, gamma, dtype):
+    """The layer norm's (d_x in `dtype`, d_gamma, d_beta) for 2-D float32 `x`."""
+    normalized = (x - mean) * inverse_std
+    d_x, d_gamma, d_beta = _layer_norm_backward(
+        ops.cast(d_outputs, "float32"), normalized, inverse_std, gamma, (0,)
+    )
+    return ops.cast(d_x, dtype), d_gamma, d_beta
+
+
 def layer_norm_dense(x, gamma, beta, epsilon, kernel, bias):
     """`layer_norm(x) @ kernel + bias` on 2-D `x`, whose backward pass keeps `x`.
 
@@ -111,25 +137,20 @@ def layer_norm_dense(x, gamma, beta, epsilon, kernel, bias):
 
     @ops.custom_gradient
     def forward(x, gamma, beta, kernel, bias):
-        rows = ops.cast(x, "float32")
-        mean = ops.mean(rows, axis=-1, keepdims=True)
-        centered = rows - mean
-        inverse_std = ops.rsqrt(ops.mean(centered * centered, axis=-1, keepdims=True) + epsilon)
-        normalized = ops.cast(centered * inverse_std * gamma + beta, kernel.dtype)
+        normalized, mean, inverse_std = _normalized_rows(x, gamma, beta, epsilon, kernel.dtype)
         outputs = ops.matmul(normalized, kernel) + bias
 
         def grad(*args, upstream=None):
             if upstream is None:
                 (upstream,) = args
-            normalized = (tied_to_upstream(x, upstream) - mean) * inverse_std
-            d_kernel = ops.matmul(
-                ops.transpose(ops.cast(normalized * gamma + beta, upstream.dtype)), upstream
+            tied = tied_to_upstream(x, upstream)
+            renormalized = _renormalized_rows(tied, mean, inverse_std, gamma, beta, upstream.dtype)
+            d_kernel = ops.matmul(ops.transpose(renormalized), upstream)
+            d_outputs = ops.matmul(upstream, ops.transpose(kernel))
+            d_x, d_gamma, d_beta = _rows_backward(
+                d_outputs, tied, mean, inverse_std, gamma, x.dtype
             )
-            d_outputs = ops.cast(ops.matmul(upstream, ops.transpose(kernel)), "float32")
-            d_x, d_gamma, d_beta = _layer_norm_backward(
-                d_outputs, normalized, inverse_std, gamma, (0,)
-            )
-            return ops.cast(d_x, x.dtype), d_gamma, d_beta, d_kernel, ops.sum(upstream, axis=0)
+            return d_x, d_gamma, d_beta, d_kernel, ops.sum(upstream, axis=0)
 
         return outputs, grad
 

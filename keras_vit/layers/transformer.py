@@ -5,7 +5,7 @@ import math
 import keras
 from keras import ops
 
-from keras_vit.layers._backward import remat, tied_to_upstream
+from keras_vit.layers._backward import remat, tied_to_upstream, xla_fused
 from keras_vit.layers._checks import boolean, positive_int
 from keras_vit.layers._checks import rate as check_rate
 from keras_vit.layers.attention import MultiHeadSelfAttention
@@ -74,6 +74,23 @@ def gelu(x, approximate=False):
     return forward(x)
 
 
+@xla_fused
+def _gelu_forward_fused(x, approximate):
+    return _gelu_forward(x, approximate)
+
+
+@xla_fused
+def _gelu_value_fused(x, approximate, dtype):
+    """GELU(x) recomputed from float32 `x`, cast to `dtype`."""
+    return ops.cast(_gelu_value_and_derivative(x, approximate)[0], dtype)
+
+
+@xla_fused
+def _gelu_backward_fused(x, d_value, approximate):
+    """GELU'(x) d_value, from float32 `x`."""
+    return d_value * ops.cast(_gelu_derivative(x, approximate), d_value.dtype)
+
+
 def gelu_dense(x, kernel, bias, approximate=False):
     """`gelu(x) @ kernel + bias` on 2-D `x`, whose backward pass keeps only `x`.
 
@@ -91,17 +108,16 @@ def gelu_dense(x, kernel, bias, approximate=False):
 
     @ops.custom_gradient
     def forward(x, kernel, bias):
-        outputs = ops.matmul(_gelu_forward(x, approximate), kernel) + bias
+        outputs = ops.matmul(_gelu_forward_fused(x, approximate), kernel) + bias
 
         def grad(*args, upstream=None):
             if upstream is None:
                 (upstream,) = args
-            value, derivative = _gelu_value_and_derivative(
-                tied_to_upstream(x, upstream), approximate
-            )
-            d_kernel = ops.matmul(ops.transpose(ops.cast(value, upstream.dtype)), upstream)
+            tied = tied_to_upstream(x, upstream)
+            value = _gelu_value_fused(tied, approximate, upstream.dtype)
+            d_kernel = ops.matmul(ops.transpose(value), upstream)
             d_value = ops.matmul(upstream, ops.transpose(kernel))
-            d_x = d_value * ops.cast(derivative, upstream.dtype)
+            d_x = _gelu_backward_fused(tied, d_value, approximate)
             return d_x, d_kernel, ops.sum(upstream, axis=0)
 
         return outputs, grad
