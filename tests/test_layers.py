@@ -988,11 +988,12 @@ def test_graph_mode_runs_the_backward_passes_element_wise_work_as_xla_programs()
     from keras_vit.layers.normalization import layer_norm_dense
     from keras_vit.layers.transformer import gelu_dense
 
-    x = tf.constant((RNG.normal(scale=2.0, size=(12, 16)) + 1.0).astype("float32"))
-    gamma, beta = (tf.constant(RNG.normal(size=(16,)).astype("float32")) for _ in range(2))
-    kernel = tf.constant(RNG.normal(size=(16, 16)).astype("float32"))
-    bias = tf.constant(RNG.normal(size=(16,)).astype("float32"))
-    upstream = tf.constant(RNG.normal(size=(12, 16)).astype("float32"))
+    rng = np.random.default_rng(7)
+    x = tf.constant((rng.normal(scale=2.0, size=(12, 16)) + 1.0).astype("float32"))
+    gamma, beta = (tf.constant(rng.normal(size=(16,)).astype("float32")) for _ in range(2))
+    kernel = tf.constant(rng.normal(size=(16, 16)).astype("float32"))
+    bias = tf.constant(rng.normal(size=(16,)).astype("float32"))
+    upstream = tf.constant(rng.normal(size=(12, 16)).astype("float32"))
     inputs = (x, gamma, beta, kernel, bias)
 
     def step(x, gamma, beta, kernel, bias):
@@ -1025,9 +1026,10 @@ def test_graph_mode_runs_the_backward_passes_element_wise_work_as_xla_programs()
     ], names
     xla = tf.function(step, jit_compile=True)
     assert compiled_functions(xla) == []
-    for function in (graph, xla):
+    for function in (graph, xla):  # float32 sums in another order: relative to each scale
         for got, expected in zip(function(*inputs), eager):
-            np.testing.assert_allclose(got.numpy(), expected.numpy(), rtol=1e-5, atol=1e-5)
+            scale = float(np.abs(expected.numpy()).max())
+            np.testing.assert_allclose(got.numpy(), expected.numpy(), rtol=0, atol=1e-5 * scale)
 
 
 def test_mlp_bias_initialisation_is_tiny_normal():
