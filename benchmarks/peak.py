@@ -1,7 +1,8 @@
 """The CPU's float32 multiply-add peak: benchmarks/peak.c, built with the C compiler and run.
 
 No matrix product can beat this figure, so it puts the GEMM limit that bench.py
-measures, and every contender's speed, in proportion to the silicon.
+measures, and every contender's speed, in proportion to the silicon. Its
+compiler helpers also build benchmarks/xla_blas.cc.
 """
 
 import os
@@ -18,6 +19,23 @@ def cores():
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
 
+def find_compiler(variable, *names):
+    """The compiler $`variable` names, else the first of `names` on the PATH, or None."""
+    return os.environ.get(variable) or next(filter(None, map(shutil.which, names)), None)
+
+
+def build(command):
+    """Runs a compiler `command`: None where it succeeds, else why it failed
+    (the command and the last 2000 characters of what the compiler said)."""
+    try:
+        built = subprocess.run(command, capture_output=True, text=True)
+    except OSError as error:  # the compiler's variable names no program
+        built = subprocess.CompletedProcess(command, 127, "", str(error))
+    if built.returncode == 0:
+        return None
+    return f"{' '.join(command)} failed:\n{built.stderr.strip()[-2000:]}"
+
+
 def measure(first=1, last=None, iterations=200_000_000):
     """Builds and runs peak.c on `first` to `last` threads (default: all cores).
 
@@ -25,18 +43,14 @@ def measure(first=1, last=None, iterations=200_000_000):
     (cc, gcc or $CC) builds it. A build that succeeds but a run that fails raises.
     """
     last = cores() if last is None else last
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    compiler = find_compiler("CC", "cc", "gcc")
     if compiler is None:
         return None, "no C compiler (cc or gcc, or $CC) to build benchmarks/peak.c"
     with tempfile.TemporaryDirectory() as folder:
         binary = os.path.join(folder, "peak")
-        build = [compiler, "-O2", "-march=native", "-fopenmp", SOURCE, "-o", binary]
-        try:
-            built = subprocess.run(build, capture_output=True, text=True)
-        except OSError as error:  # $CC names no program
-            built = subprocess.CompletedProcess(build, 127, "", str(error))
-        if built.returncode != 0:
-            return None, f"{' '.join(build)} failed:\n{built.stderr.strip()}"
+        failed = build([compiler, "-O2", "-march=native", "-fopenmp", SOURCE, "-o", binary])
+        if failed:
+            return None, failed
         command = [binary, str(last), str(iterations), "0", str(first)]
         ran = subprocess.run(command, capture_output=True, text=True)
     if ran.returncode != 0:

@@ -12,9 +12,11 @@ import contextlib
 import ctypes
 import glob
 import os
-import shutil
-import subprocess
+import sys
 import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import peak  # noqa: E402
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "xla_blas.cc")
 TARGET = "keras_vit_bench_sgemm"
@@ -45,7 +47,7 @@ def build(threads):
         return _loaded["matmul"], None
     import tensorflow as tf
 
-    compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+    compiler = peak.find_compiler("CXX", "c++", "g++")
     if compiler is None:
         return None, "no C++ compiler (c++ or g++, or $CXX) to build benchmarks/xla_blas.cc"
     library_folder = tf.sysconfig.get_lib()
@@ -73,12 +75,9 @@ def build(threads):
             f"-Wl,-rpath,{library_folder}",
             "-pthread",
         ]
-        try:
-            built = subprocess.run(command, capture_output=True, text=True)
-        except OSError as error:  # $CXX names no program
-            built = subprocess.CompletedProcess(command, 127, "", str(error))
-        if built.returncode != 0:
-            return None, f"{' '.join(command)} failed:\n{built.stderr.strip()[-2000:]}"
+        failed = peak.build(command)
+        if failed:
+            return None, failed
         # Loading it registers the custom call with XLA (a static initializer).
         custom_call = ctypes.CDLL(shared, mode=ctypes.RTLD_GLOBAL)
     sgemm = ctypes.cast(blas.scipy_cblas_sgemm64_, ctypes.c_void_p)
