@@ -105,11 +105,6 @@ def bench_gemm(tokens):
         print(f"  {(m, k, n)}: " + ", ".join(f"{name} {v:.0f}" for name, v in figures.items()))
 
 
-@contextlib.contextmanager
-def _nothing():
-    yield
-
-
 def bench_grads(tokens):
     import tensorflow as tf
     import xla_blas
@@ -167,12 +162,18 @@ def bench_grads(tokens):
                 for *_, call in calls
             )
         print(f"  OpenBLAS in XLA against NumPy: largest difference {error:.1e}")
+
     # NumPy's products last: OpenBLAS's threads keep spinning for a while after each
     # call and would slow an XLA product timed right after one. (The custom call runs
     # one-thread OpenBLAS calls on threads of its own, which do not spin.)
+    def threads_for(library):  # the custom call's one-thread parts; the others as they are
+        if library == "openblas in xla":
+            return xla_blas.one_thread_openblas()
+        return contextlib.nullcontext()
+
     seconds = {}
     for library in [*libraries, "numpy"]:
-        with xla_blas.one_thread_openblas() if library == "openblas in xla" else _nothing():
+        with threads_for(library):
             for *_, products_of in calls:  # a process's first products run slow: warm up
                 median_seconds(products_of[library], repeats=1)
             seconds[library] = [median_seconds(call[library]) for *_, call in calls]
@@ -195,7 +196,7 @@ def bench_grads(tokens):
         programs[library] = tf.function(program, jit_compile=True)
     together = []
     for library, program in programs.items():
-        with xla_blas.one_thread_openblas() if library == "openblas in xla" else _nothing():
+        with threads_for(library):
             together.append(f"{names[library]} {median_seconds(program) * 1e3:.1f} ms")
     together = ", ".join(together)
     print(f"  all twelve in one XLA program: {together}")
