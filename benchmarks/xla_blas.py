@@ -15,10 +15,11 @@ import os
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
 import peak  # noqa: E402
 
-SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "xla_blas.cc")
+SOURCE = os.path.join(HERE, "xla_blas.cc")
 TARGET = "keras_vit_bench_sgemm"
 _loaded = {}
 
