@@ -779,11 +779,23 @@ class StepBackupAndRestore(keras.callbacks.BackupAndRestore):
 
     # A step whose loss or weights are NaN or infinite is not backed up: the backup
     # keeps the last weights that trained well (TerminateOnNaN stops the run).
+    # A step backup that falls due is written when the next step begins, from the
+    # same state; if the epoch ends first, the epoch-end backup replaces it, written
+    # after the validation and after the callbacks before this one (history.csv's
+    # row, best.keras). A backup at the epoch's boundary taken before those would, if
+    # the process were killed in between, resume at the next epoch: the finished
+    # epoch would never be validated, logged or considered for best.keras.
     def on_train_batch_end(self, batch, logs=None):
-        if _finite_loss(logs):
-            super().on_train_batch_end(batch, logs)
+        due = self._should_save_on_batch(batch)  # counts the batch either way
+        self._due = due and _finite_loss(logs)
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if getattr(self, "_due", False):
+            self._due = False
+            self._save_model()
 
     def on_epoch_end(self, epoch, logs=None):
+        self._due = False
         if _finite_loss(logs):
             super().on_epoch_end(epoch, logs)  # saves when save_freq is "epoch"
             if self.save_freq != "epoch":
@@ -860,11 +872,6 @@ def build_callbacks(
     os.makedirs(output, exist_ok=True)  # CSVLogger opens history.csv there when fit begins
     callbacks = [
         keras.callbacks.TerminateOnNaN(),
-        StepBackupAndRestore(
-            os.path.join(output, "backup"),
-            save_freq=backup_steps if backup_steps else "epoch",
-            delete_checkpoint=False,
-        ),
         keras.callbacks.CSVLogger(os.path.join(output, "history.csv"), append=csv_append),
     ]
     if best_checkpoint:
@@ -879,6 +886,16 @@ def build_callbacks(
         )
     if tensorboard:
         callbacks.append(keras.callbacks.TensorBoard(os.path.join(output, "logs")))
+    # Last, so that an epoch's end is backed up only once its row is in history.csv
+    # and best.keras has seen it: a run killed before resumes inside that epoch and
+    # ends it again (_history_from_csv keeps an epoch's last row).
+    callbacks.append(
+        StepBackupAndRestore(
+            os.path.join(output, "backup"),
+            save_freq=backup_steps if backup_steps else "epoch",
+            delete_checkpoint=False,
+        )
+    )
     if os.environ.get("KERAS_VIT_KILL_AT_STEP"):
         callbacks.append(KillAtStep(os.environ["KERAS_VIT_KILL_AT_STEP"]))
     return callbacks

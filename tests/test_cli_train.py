@@ -146,6 +146,34 @@ def test_sigkill_mid_epoch_then_resume_matches_uninterrupted(npz, tmp_path):
         assert len(json.load(file)["loss"]) == 3
 
 
+def test_sigkill_after_an_epochs_last_step_then_resume_keeps_every_epochs_row(npz, tmp_path):
+    """6 steps per epoch, 2 epochs; backups every 3 steps; killed after step 6, the
+    last of epoch 1, before its validation and its row in history.csv.
+
+    A step backup taken there would have resumed at epoch 2: epoch 1 never
+    validated, logged or weighed for best.keras. The backup of that step waits for
+    the epoch's end, after the row; so the run resumes from the step-3 backup and
+    ends epoch 1 again.
+    """
+    common = ["train", "--data", npz, *TINY, "--epochs", "2", "--backup-steps", "3"]
+    straight, killed = str(tmp_path / "straight"), str(tmp_path / "killed")
+    result = _cli(*common, "--output", straight)
+    assert result.returncode == 0, result.stderr[-2000:]
+    result = _cli(*common, "--output", killed, KERAS_VIT_KILL_AT_STEP="6")
+    assert result.returncode == -9, result.stderr[-2000:]
+    result = _cli("train", "--output", killed, "--resume", "--quiet")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "resuming at step 3" in result.stdout
+    for a, b in zip(_weights(straight), _weights(killed), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    histories = []
+    for folder in (straight, killed):
+        with open(os.path.join(folder, "history.json")) as file:
+            histories.append(json.load(file))
+    assert histories[1]["epoch"] == [0, 1]
+    np.testing.assert_allclose(histories[1]["val_loss"], histories[0]["val_loss"], rtol=1e-4)
+
+
 def test_train_writes_outputs_then_evaluate_and_predict(npz, tmp_path):
     from PIL import Image
 

@@ -484,3 +484,35 @@ def test_is_chief(monkeypatch):
     assert training.is_chief() and training._tf_config_workers() == 2
     monkeypatch.setenv("TF_CONFIG", cluster % 1)
     assert not training.is_chief()
+
+
+@pytest.mark.parametrize("backup_steps", [2, 3, 0])
+def test_every_backup_follows_the_history_row_of_each_epoch_it_has_finished(
+    tmp_path, monkeypatch, backup_steps
+):
+    """A run killed right after a backup resumes at the backup's step. Were an epoch
+    finished there without its row in history.csv (and best.keras's look at it), the
+    resumed run would skip that epoch's validation and row. 3 steps per epoch: at
+    backup_steps=3 a step backup falls on each epoch's last step."""
+    output = tmp_path / "run"
+    seen = []
+    save = training.StepBackupAndRestore._save_model
+
+    def recording_save(callback):
+        finished = int(callback.model.optimizer.iterations.numpy()) // 3
+        with open(output / "history.csv") as file:
+            rows = max(len(file.read().splitlines()) - 1, 0)  # less the header, once written
+        seen.append((finished, rows))
+        save(callback)
+
+    monkeypatch.setattr(training.StepBackupAndRestore, "_save_model", recording_save)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    model.compile(optimizer="sgd", loss=loss, metrics=["accuracy"])
+    x = np.random.default_rng(0).normal(size=(12, 4)).astype("float32")
+    y = np.arange(12) % 2
+    callbacks = training.build_callbacks(str(output), backup_steps=backup_steps)
+    model.fit(x, y, batch_size=4, epochs=3, validation_data=(x, y), callbacks=callbacks, verbose=0)
+    assert [finished for finished, _ in seen][-1] == 3  # the last epoch's end was backed up
+    for finished, rows in seen:
+        assert rows >= finished, seen
