@@ -848,6 +848,21 @@ class KillAtStep(keras.callbacks.Callback):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+TENSORBOARD_MISSING = (
+    "TensorBoard logs need the tensorboard package, which recent TensorFlow releases do "
+    "not install: pip install tensorboard (or pip install 'keras_vit[tensorboard]')"
+)
+
+
+def require_tensorboard():
+    """Raises ImportError, saying what to install, where tensorboard is not installed
+    (Keras' TensorBoard callback would fail only at the first epoch's end)."""
+    import importlib.util
+
+    if importlib.util.find_spec("tensorboard") is None:
+        raise ImportError(TENSORBOARD_MISSING)
+
+
 def build_callbacks(
     output,
     backup_steps=50,
@@ -869,6 +884,8 @@ def build_callbacks(
         raise ValueError(f"`output` must be a folder path. Received: output={output!r}")
     if backup_steps is not None:
         backup_steps = non_negative_int("backup_steps", backup_steps)
+    if tensorboard:
+        require_tensorboard()
     os.makedirs(output, exist_ok=True)  # CSVLogger opens history.csv there when fit begins
     callbacks = [
         keras.callbacks.TerminateOnNaN(),

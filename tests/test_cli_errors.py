@@ -185,6 +185,28 @@ def test_overwrite_removes_the_runs_files_and_keeps_the_others(capsys, tmp_path)
 # 3. Nothing written before the arguments are valid; --resume's flags ------------
 
 
+def test_tensorboard_without_its_package_is_refused_before_anything_is_written(
+    capsys, tmp_path, npz, monkeypatch
+):
+    # It trained until the first epoch's end, then TensorFlow's summary writer
+    # raised TBNotInstalledError, with the run's folder half written.
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "tensorboard" else find_spec(name, *a),
+    )
+    out = tmp_path / "run"
+    result = run_cli(capsys, "train", "--data", npz, *TINY, "--tensorboard", "--output", out)
+    assert_usage_error(result, "--tensorboard", "pip install tensorboard")
+    assert not out.exists()
+    with pytest.raises(ImportError, match="pip install tensorboard"):
+        keras_vit.training.build_callbacks(str(tmp_path / "api"), tensorboard=True)
+    assert not (tmp_path / "api").exists()
+
+
 @pytest.mark.parametrize(
     "extra, phrase",
     [

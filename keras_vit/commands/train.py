@@ -244,6 +244,13 @@ def _check_args(args, weights=True):
             f"--model must be one of {sorted(PRESETS) + sorted(VARIANTS)}. Received: {args.model!r}"
         )
     check_data_spec(args.data)
+    if getattr(args, "tensorboard", False):
+        from keras_vit.training import require_tensorboard
+
+        try:
+            require_tensorboard()
+        except ImportError as error:
+            raise UsageError(f"--tensorboard: {error}") from None
 
 
 # What a run writes in its folder: --overwrite removes these, and keeps anything else.
