@@ -187,9 +187,82 @@ def build_optimizer(
     raise ValueError(f"`optimizer` must be 'adamw' or 'sgd'. Received: optimizer={name!r}")
 
 
+def _one_hot_labels(y_true, y_pred):
+    """`y_true` as one row of class probabilities per prediction: integer class ids,
+    of shape (N,) or (N, 1), become one-hot rows; one-hot or soft labels (N, classes)
+    are kept. Decided from the static shapes where they are known, so it costs nothing
+    per step; a step traced for labels of several ranks (Keras relaxes the shapes when
+    it traces again) decides at run time."""
+    from keras import ops
+
+    classes = y_pred.shape[-1]
+
+    def one_hot(ids):
+        return ops.one_hot(ops.cast(ids, "int32"), classes, dtype=y_pred.dtype)
+
+    if getattr(y_true.shape, "rank", 0) is not None:  # a TensorShape of unknown rank
+        rank = len(y_pred.shape)
+        if len(y_true.shape) == rank and y_true.shape[-1] == 1 and classes != 1:
+            y_true = ops.squeeze(y_true, axis=-1)
+        if len(y_true.shape) == rank - 1:
+            return one_hot(y_true)
+        return ops.cast(y_true, y_pred.dtype)
+    y_true = ops.reshape(y_true, (*ops.shape(y_pred)[:-1], -1))
+    return ops.cond(
+        ops.shape(y_true)[-1] == 1,
+        lambda: one_hot(y_true[..., 0]),
+        lambda: ops.cast(y_true, y_pred.dtype),
+    )
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class CrossEntropy(keras.losses.Loss):
+    """Softmax cross-entropy of logits, with label smoothing, on integer class ids
+    ((N,) or (N, 1)) or on one-hot or soft labels ((N, classes), as mixup and cutmix
+    make): the loss `compile_model` gives, so `fit` takes either kind of label."""
+
+    def __init__(self, label_smoothing=0.0, name="cross_entropy", **kwargs):
+        super().__init__(name=name, **kwargs)
+        self.label_smoothing = real(
+            "label_smoothing", label_smoothing, low=0, high=1, high_open=True
+        )
+
+    def call(self, y_true, y_pred):
+        return keras.losses.categorical_crossentropy(
+            _one_hot_labels(y_true, y_pred),
+            y_pred,
+            from_logits=True,
+            label_smoothing=self.label_smoothing,
+        )
+
+    def get_config(self):
+        return {**super().get_config(), "label_smoothing": self.label_smoothing}
+
+
+def _accuracy(y_true, y_pred):
+    from keras import ops
+
+    y_true = _one_hot_labels(y_true, y_pred)
+    hits = ops.argmax(y_true, axis=-1) == ops.argmax(y_pred, axis=-1)
+    return ops.cast(hits, "float32")
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class Accuracy(keras.metrics.MeanMetricWrapper):
+    """Top-1 accuracy on integer class ids or on one-hot (or soft) labels, as
+    `CrossEntropy` takes them; named "accuracy" (history's `val_accuracy`)."""
+
+    def __init__(self, name="accuracy", dtype=None):
+        super().__init__(_accuracy, name=name, dtype=dtype)
+
+    def get_config(self):
+        return {"name": self.name, "dtype": self.dtype}
+
+
 def build_loss(label_smoothing=0.1):
-    """Cross-entropy on one-hot labels and logits, with label smoothing."""
-    return keras.losses.CategoricalCrossentropy(from_logits=True, label_smoothing=label_smoothing)
+    """Cross-entropy on logits with label smoothing, for integer class ids or one-hot
+    labels (`CrossEntropy`)."""
+    return CrossEntropy(label_smoothing=label_smoothing)
 
 
 def compile_model(
@@ -280,7 +353,7 @@ def compile_model(
         model,
         optimizer=optimizer,
         loss=build_loss(label_smoothing),
-        metrics=[keras.metrics.CategoricalAccuracy(name="accuracy")],
+        metrics=[Accuracy()],
         jit_compile=jit_compile,
         streams=streams,
     )

@@ -516,3 +516,34 @@ def test_every_backup_follows_the_history_row_of_each_epoch_it_has_finished(
     assert [finished for finished, _ in seen][-1] == 3  # the last epoch's end was backed up
     for finished, rows in seen:
         assert rows >= finished, seen
+
+
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_compile_model_trains_on_integer_class_ids_as_on_one_hot_labels(tmp_path, jit_compile):
+    """Integer labels, (N,) or (N, 1), gave Keras' "target and output must have the
+    same rank" error: the recipe's loss took one-hot labels only. Each kind of label
+    now gives the loss and accuracy of the one-hot labels (computed here in NumPy),
+    and the compiled model saves and loads."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(6, 4)).astype("float32")
+    ids = np.array([0, 2, 1, 2, 0, 1])
+    one_hot = np.eye(3, dtype="float32")[ids]
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
+    training.compile_model(model, total_steps=10, label_smoothing=0.1, jit_compile=jit_compile)
+    logits = model.predict(x, verbose=0)
+    log_softmax = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    expected_loss = -((one_hot * 0.9 + 0.1 / 3) * log_softmax).sum(-1).mean()
+    expected_accuracy = (logits.argmax(-1) == ids).mean()
+    for labels in (ids, ids[:, None], ids.astype("float32"), one_hot):
+        loss, accuracy = model.evaluate(x, labels, verbose=0)
+        assert loss == pytest.approx(expected_loss, rel=1e-5), labels.shape
+        assert accuracy == pytest.approx(expected_accuracy), labels.shape
+    model.fit(x, ids, epochs=1, verbose=0)
+    path = str(tmp_path / "model.keras")
+    model.save(path)
+    loaded = keras.models.load_model(path)
+    assert isinstance(loaded.loss, training.CrossEntropy)
+    assert loaded.loss.label_smoothing == pytest.approx(0.1)
+    np.testing.assert_allclose(
+        loaded.evaluate(x, ids, verbose=0), model.evaluate(x, one_hot, verbose=0), rtol=1e-6
+    )

@@ -29,7 +29,6 @@ def add_arguments(parser):
 
 
 def run(args):
-    import keras
 
     from keras_vit import data as data_module
     from keras_vit import training
@@ -74,7 +73,7 @@ def run(args):
         model,
         None,
         training.build_loss(0.0),
-        metrics=[keras.metrics.CategoricalAccuracy(name="accuracy")],
+        metrics=[training.Accuracy()],
     )
     loss, accuracy = model.evaluate(data_module.eval_pipeline(data, args.batch_size), verbose=0)
     print(
