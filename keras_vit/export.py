@@ -877,7 +877,8 @@ def export_tflite(model, path, quantization=None, overwrite=False):
 
 
 def read_class_names(file):
-    """Reads class names from a JSON file: a list of strings, or {"class_names": [...]}.
+    """Reads class names from a JSON file: a list of strings, or an object holding one
+    under "class_names" (or "classes").
 
     Raises:
         ValueError: naming the file, when it is not UTF-8 text, not JSON, or
@@ -905,7 +906,7 @@ def read_class_names(file):
     if not isinstance(data, list) or not all(isinstance(name, str) for name in data):
         raise ValueError(
             f"{file!r} must hold a JSON list of class names (strings), or an object with a "
-            f'"class_names" list. Received: {str(data)[:100]}'
+            f'"class_names" or "classes" list. Received: {str(data)[:100]}'
         )
     return data
 
