@@ -243,7 +243,7 @@ def _accuracy(y_true, y_pred):
     from keras import ops
 
     y_true = _one_hot_labels(y_true, y_pred)
-    hits = ops.argmax(y_true, axis=-1) == ops.argmax(y_pred, axis=-1)
+    hits = ops.equal(ops.argmax(y_true, axis=-1), ops.argmax(y_pred, axis=-1))
     return ops.cast(hits, "float32")
 
 
