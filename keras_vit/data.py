@@ -29,6 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from keras_vit.layers._checks import one_of, positive_int
+from keras_vit.layers._checks import seed as check_seed
 from keras_vit.preprocessing import pixel_range_error
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp")
@@ -457,6 +458,7 @@ def load(spec=DIGITS, image_size=32, seed=0, validation_fraction=0.2, skip_corru
     if not isinstance(spec, str) or not spec:
         raise ValueError(f"`data` must be a non-empty string. Received: data={spec!r}")
     image_size = positive_int("image_size", image_size)
+    seed = check_seed("seed", seed)
     validation_fraction = _fraction("validation_fraction", validation_fraction)
     if spec == DIGITS:
         x_train, y_train, x_val, y_val = digits_arrays(image_size, seed, validation_fraction)
@@ -551,6 +553,7 @@ def train_pipeline(
     tf = _tf()
     _check_data(data)
     _check_batch_size(batch_size)
+    seed = check_seed("seed", seed)
     if crop_scale is not None:
         crop_scale = _fraction("crop_scale", crop_scale, high_inclusive=True)
     if (

@@ -650,11 +650,23 @@ def set_mixed_precision(enabled):
 # Strategies --------------------------------------------------------------------
 
 
-def _tf_config_workers():
+def _tf_config():
+    """TF_CONFIG as a dict ({} when unset or empty); a ValueError naming it when it
+    is not a JSON object."""
+    text = os.environ.get("TF_CONFIG", "") or "{}"
     try:
-        config = json.loads(os.environ.get("TF_CONFIG", "{}"))
+        config = json.loads(text)
     except json.JSONDecodeError as error:
-        raise ValueError(f"TF_CONFIG is not valid JSON: {error}") from None
+        raise ValueError(
+            f"TF_CONFIG is not valid JSON: {error}. Received: {text[:200]!r}"
+        ) from None
+    if not isinstance(config, dict):
+        raise ValueError(f"TF_CONFIG must be a JSON object. Received: {text[:200]!r}")
+    return config
+
+
+def _tf_config_workers():
+    config = _tf_config()
     cluster = config.get("cluster", {})
     return len(cluster.get("worker", [])) + len(cluster.get("chief", []))
 
@@ -785,7 +797,7 @@ def _patch_multi_worker_log_reduction():
 
 def is_chief():
     """Whether this process is the chief (or the only) worker under TF_CONFIG."""
-    config = json.loads(os.environ.get("TF_CONFIG", "{}") or "{}")
+    config = _tf_config()
     task = config.get("task", {})
     kind, index = task.get("type", "worker"), task.get("index", 0)
     has_chief = "chief" in config.get("cluster", {})

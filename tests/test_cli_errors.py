@@ -222,6 +222,34 @@ def test_a_bad_argument_writes_nothing(capsys, tmp_path, npz, extra, phrase):
     assert not out.exists()
 
 
+@pytest.mark.parametrize("config", ["{bad", "{'cluster': {}}", "[1, 2]"])
+def test_a_malformed_tf_config_is_named_and_nothing_is_written(
+    capsys, tmp_path, npz, monkeypatch, config
+):
+    # A traceback from json, raised by the chief check, named neither TF_CONFIG nor
+    # what it held.
+    monkeypatch.setenv("TF_CONFIG", config)
+    out = tmp_path / "run"
+    result = run_cli(capsys, "train", "--data", npz, *TINY, "--output", out)
+    assert_usage_error(result, "TF_CONFIG", config)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("command", ["train", "evaluate"])
+@pytest.mark.parametrize("seed", ["-1", "4294967296"])
+def test_a_seed_no_library_takes_is_a_usage_error(capsys, tmp_path, npz, command, seed):
+    # A traceback from NumPy (train, once the data was read) or scikit-learn (evaluate).
+    out = tmp_path / "run"
+    where = ["--output", out] if command == "train" else ["--model", out]
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit:
+        cli.main([str(a) for a in (command, "--data", npz, *where, "--seed", seed)])
+    err = capsys.readouterr().err
+    assert exit.value.code == 2 and "usage:" in err and "Traceback" not in err
+    assert "--seed" in err and "2**32 - 1" in err
+    assert not out.exists()
+
+
 def test_resume_refuses_options_that_differ_from_the_run(capsys, tmp_path):
     out = tmp_path / "run"
     write_run(out, completed=False, epochs=2, dropout=0.0)

@@ -74,6 +74,9 @@ def test_from_arrays_accepts_integral_float_labels_and_float_pixels():
         (dict(validation_fraction="0.2"), "validation_fraction"),
         (dict(image_size=0), "image_size.*positive.*0"),
         (dict(image_size="32"), "image_size.*positive.*'32'"),
+        (dict(seed=-1), r"`seed` must be an integer in \[0, 2\*\*32 - 1\].*seed=-1"),
+        (dict(seed=2**32), "`seed`.*seed=4294967296"),
+        (dict(seed=1.5), "`seed`.*seed=1.5"),
     ],
 )
 @pytest.mark.parametrize("source", ["digits", "folder"])
@@ -121,6 +124,8 @@ def test_npz_errors_name_the_file(tmp_path):
         (dict(skip_steps=-1), "skip_steps.*non-negative.*-1"),
         (dict(skip_steps=1.5), "skip_steps"),
         (dict(batch_size=0), "batch_size=0"),
+        (dict(seed="0"), "`seed`.*seed='0'"),
+        (dict(seed=-1), "`seed`.*seed=-1"),
     ],
 )
 def test_train_pipeline_checks_arguments(small, kwargs, match):

@@ -10,6 +10,19 @@ import zipfile
 from keras_vit.cli import UsageError
 
 
+def seed_argument(text):
+    """argparse type of --seed: an integer in [0, 2**32 - 1], as NumPy and Keras take."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or not 0 <= value < 2**32:
+        raise argparse.ArgumentTypeError(
+            f"must be an integer in [0, 2**32 - 1] (4294967295), got {text!r}"
+        )
+    return value
+
+
 def explicit_flags(args):
     """The destinations (e.g. "epochs") of the options typed on the command line.
 

@@ -6,6 +6,8 @@ HELP = "Evaluate a trained model (training folder or .keras file): loss and accu
 
 
 def add_arguments(parser):
+    from keras_vit.commands._common import seed_argument
+
     parser.add_argument(
         "--model", required=True, metavar="DIR_OR_FILE", help="training output folder or .keras"
     )
@@ -18,7 +20,7 @@ def add_arguments(parser):
     parser.add_argument("--batch-size", type=int, default=64, help="default 64")
     parser.add_argument(
         "--seed",
-        type=int,
+        type=seed_argument,
         default=None,
         help="split seed of digits / folder data (default: the run's --seed, from run.json "
         "beside the model, else 0), so that a folder is split as it was for training",

@@ -85,6 +85,7 @@ def _positive_float(text):
 
 
 def add_arguments(parser):
+    from keras_vit.commands._common import seed_argument
     from keras_vit.training import STRATEGIES
 
     parser.add_argument(
@@ -149,7 +150,7 @@ def add_arguments(parser):
         help=f"replace the run in a non-empty --output folder (one with {RUN_FILE}; other "
         "folders are refused, and files a run does not write are kept)",
     )
-    parser.add_argument("--seed", type=int, default=0, help="default 0")
+    parser.add_argument("--seed", type=seed_argument, default=0, help="default 0")
     parser.add_argument(
         "--flip",
         choices=("auto", "yes", "no"),
@@ -813,7 +814,9 @@ def _one_replica(strategy):
 
 
 def _task_index():
-    task = json.loads(os.environ.get("TF_CONFIG", "{}") or "{}").get("task", {})
+    from keras_vit import training
+
+    task = training._tf_config().get("task", {})
     return f"{task.get('type', 'worker')}-{task.get('index', 0)}"
 
 

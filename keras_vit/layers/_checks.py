@@ -29,6 +29,23 @@ def non_negative_int(name, value):
     return int(value)
 
 
+SEED_LIMIT = 2**32  # NumPy's, scikit-learn's and keras.utils.set_random_seed's
+
+
+def seed(name, value):
+    """Return `value` if it is an int in [0, 2**32), the seeds every library takes,
+    else raise a ValueError."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, numbers.Integral)
+        or not 0 <= value < SEED_LIMIT
+    ):
+        raise ValueError(
+            f"`{name}` must be an integer in [0, 2**32 - 1]. Received: {name}={value!r}"
+        )
+    return int(value)
+
+
 def as_pair(name, value):
     """Return (h, w) from a positive int or a pair of positive ints."""
     if isinstance(value, (list, tuple)):
