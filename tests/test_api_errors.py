@@ -270,6 +270,25 @@ def test_infer_config_checks_its_overrides():
     assert infer_config(SQUARE, num_heads=2)["num_heads"] == 2
 
 
+def test_infer_config_takes_the_published_heads_of_a_timm_vit_h(tmp_path):
+    """timm files do not store the head count; hidden_dim / 64 gave ViT-H/14 20 heads
+    where it has 16 of 80. Only the shapes matter here: a one-block ViT-H/14 file."""
+    from keras_vit.weights import infer_config
+
+    dim, grid = 1280, 2
+    params = {
+        "patch_embed.proj.weight": np.zeros((dim, 3, 14, 14), "float32"),
+        "cls_token": np.zeros((1, 1, dim), "float32"),
+        "pos_embed": np.zeros((1, 1 + grid * grid, dim), "float32"),
+        "blocks.0.mlp.fc1.weight": np.zeros((5120, dim), "float32"),
+        "blocks.0.attn.qkv.weight": np.zeros((3 * dim, dim), "float32"),
+    }
+    path = str(tmp_path / "vit_h.npz")
+    np.savez(path, **params)
+    assert infer_config(path)["num_heads"] == 16
+    assert infer_config(path, num_heads=20)["num_heads"] == 20
+
+
 # Inspection and plots -------------------------------------------------------------
 
 

@@ -296,6 +296,17 @@ def test_convert_a_non_square_checkpoint_and_refuse_to_overwrite(capsys, tmp_pat
     assert [name for name in os.listdir(tmp_path) if name.endswith(".keras")] == ["nonsquare.keras"]
 
 
+def test_convert_says_which_head_count_it_assumed_for_a_timm_file(capsys, tmp_path):
+    # timm files do not store it and any count loads: 1 head (hidden_dim / 64) was
+    # assumed here without a word, where the checkpoint's model has 4.
+    args = ["convert", NONSQUARE, tmp_path / "a.keras", "--image-size", "32", "48"]
+    code, out, err = run_cli(capsys, *args)
+    assert code == 0, err
+    assert "1 heads of 64 assumed" in out and "--num-heads" in out
+    code, out, err = run_cli(capsys, *args[:2], tmp_path / "b.keras", *args[3:], "--num-heads", "4")
+    assert code == 0 and "assumed" not in out, err
+
+
 @pytest.mark.parametrize(
     "args, phrases",
     [

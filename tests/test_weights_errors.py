@@ -97,6 +97,25 @@ def test_a_folder_is_named_as_a_folder(tmp_path):
         tiny_model(weights=str(tmp_path))
 
 
+def test_a_corrupt_compressed_npz_is_named_and_nothing_is_loaded(tmp_path):
+    # zlib's own error escaped, naming neither the file nor what was wrong with it.
+    path = str(tmp_path / "ckpt.npz")
+    params = original_params()
+    np.savez_compressed(path, **{key: np.zeros_like(value) for key, value in params.items()})
+    data = bytearray(open(path, "rb").read())
+    # Garble the first member's deflated bytes, past its local header, name and extra field.
+    name, extra = (int.from_bytes(data[at : at + 2], "little") for at in (26, 28))
+    start = 30 + name + extra + 4
+    data[start : start + 64] = bytes(range(64))
+    with open(path, "wb") as file:
+        file.write(data)
+    model = tiny_model()
+    before = weights_snapshot(model)
+    with pytest.raises(ValueError, match="Cannot read the checkpoint .*ckpt.npz.*corrupt"):
+        load_weights(model, path)
+    assert_unchanged(model, before)
+
+
 # Array contents: refused before anything is assigned ---------------------------------
 
 

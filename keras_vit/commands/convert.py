@@ -172,4 +172,11 @@ def run(args):
         f"pre-logits {report['pre_logits']}"
         + (f", position embedding resized {report['resized']}" if report["resized"] else "")
     )
+    if report["format"] != "original" and args.num_heads is None and args.model is None:
+        # timm and Hugging Face files do not store it, and any count loads.
+        print(
+            f"Note: {config['num_heads']} heads of {config['hidden_dim'] // config['num_heads']} "
+            "assumed (a timm or Hugging Face file does not store the head count); if its "
+            "model had another, convert again with --num-heads N"
+        )
     return 0

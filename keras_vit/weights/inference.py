@@ -41,13 +41,19 @@ _KEYS = {
 }
 
 
+# The heads of the published ViTs whose head size is not 64, by width: ViT-H/14 (16
+# heads of 80), ViT-g/14 (16 of 88) and ViT-G/14 (16 of 104).
+PUBLISHED_HEADS = {1280: 16, 1408: 16, 1664: 16}
+
+
 def infer_config(path, num_heads=None, image_size=None):
     """`VisionTransformer` keyword arguments matching a checkpoint file.
 
     Everything is read from the shapes except the number of heads of a timm
     or Hugging Face file, which do not store it: `num_heads` then defaults
-    to hidden_dim / 64 (true of all the published ViTs but ViT-H/14, which
-    has 16 heads of 80). The image size is the checkpoint's square grid times
+    to the published count for the width (`PUBLISHED_HEADS`: 16 heads at
+    1280, 1408 and 1664, as in ViT-H/14, ViT-g/14 and ViT-G/14) and to
+    hidden_dim / 64 at any other (true of ViT-Ti, S, B and L). The image size is the checkpoint's square grid times
     the patch size unless `image_size` is given.
 
     Returns:
@@ -91,7 +97,9 @@ def infer_config(path, num_heads=None, image_size=None):
         )
         mlp_dim = params[dense].shape[1]
     else:
-        heads = hidden_dim // 64 if hidden_dim % 64 == 0 else None
+        heads = PUBLISHED_HEADS.get(int(hidden_dim))
+        if heads is None and hidden_dim % 64 == 0:
+            heads = hidden_dim // 64
         mlp_dim = params[fc1].shape[0]
     if num_heads is not None:
         heads = num_heads

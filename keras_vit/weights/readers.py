@@ -4,6 +4,7 @@ import json
 import os
 import struct
 import zipfile
+import zlib
 
 import numpy as np
 
@@ -58,7 +59,7 @@ def _read_npz(path):
     try:
         with np.load(path, allow_pickle=False) as npz:
             return {key: np.asarray(npz[key]) for key in npz.files}
-    except (zipfile.BadZipFile, EOFError, OSError, ValueError) as error:
+    except (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError) as error:
         raise ValueError(
             f"Cannot read the checkpoint {path}: the file is truncated or corrupt "
             f"(not a valid .npz archive: {error})"
