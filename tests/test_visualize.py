@@ -166,6 +166,35 @@ def test_explain_in_process(tmp_path, capsys, tiny_config):
     assert "--top-k must be a positive integer" in capsys.readouterr().err
 
 
+def test_explain_in_chunks_writes_what_one_pass_writes(tmp_path, capsys, tiny_config, monkeypatch):
+    # Images are explained a few at a time (their originals and attention maps are
+    # large); the chunks' outputs are those of one pass over all the images.
+    from PIL import Image
+
+    from keras_vit.commands import explain
+
+    model = tiny_model(tiny_config)
+    run = os.path.join(tmp_path, "run")
+    save_run_folder(run, model, [f"class{i}" for i in range(10)])
+    paths = [os.path.join(tmp_path, f"{i}.png") for i in range(5)]
+    for i, path in enumerate(paths):
+        write_image(path, (32 + 8 * i, 40, 3))
+    outputs = {}
+    for chunk in (2, 8):
+        monkeypatch.setattr(explain, "EXPLAIN_CHUNK", chunk)
+        out = os.path.join(tmp_path, f"out{chunk}")
+        assert cli_main(["explain", *paths, "--model", run, "--output", out]) == 0
+        printed = capsys.readouterr().out.splitlines()
+        assert [line.split(":")[0] for line in printed[::2]] == paths
+        files = sorted(os.listdir(out))
+        assert len(files) == 10
+        images = [np.asarray(Image.open(os.path.join(out, f))) for f in files if "attention" in f]
+        outputs[chunk] = (printed, images)
+    assert outputs[2][0] == [line.replace("out8", "out2") for line in outputs[8][0]]
+    for a, b in zip(outputs[2][1], outputs[8][1], strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_explain_end_to_end_on_a_saved_keras_file(tmp_path, tiny_config):
     model = tiny_model(tiny_config)
     model_file = os.path.join(tmp_path, "tiny.keras")

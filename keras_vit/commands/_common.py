@@ -257,7 +257,8 @@ def resize(image, size):
 
 
 def model_images(images, size, channels):
-    """uint8 RGB images (read_image's) as a uint8 batch of the model's size and channels.
+    """uint8 RGB images (read_image's; any iterable, each resized as it comes) as a
+    uint8 batch of the model's size and channels.
 
     A grayscale model (1 channel) gets ITU-R 601 luma, as PIL's "L" mode.
     """

@@ -49,6 +49,9 @@ def output_stems(paths):
     return stems
 
 
+EXPLAIN_CHUNK = 8  # images explained at a time
+
+
 def run(args):
     from PIL import Image
 
@@ -74,7 +77,8 @@ def run(args):
             f"--output must be a folder (for the overlay PNGs). Received: --output "
             f"{args.output!r}, an existing file"
         )
-    originals = [load_image(path) for path in args.images]  # every argument before the model
+    for path in args.images:  # every argument is checked before the model is read
+        load_image(path)
     model, class_names = load_trained(args.model)
     try:
         transformer_blocks(model)
@@ -83,31 +87,37 @@ def run(args):
         raise UsageError(f"--model {args.model!r}: {error}") from None
     # A model built with dynamic_image_size=True explains at the size it was built for.
     size, channels = model_image_size(model), model.input_shape[3]
-    images = model_images(originals, size, channels)
-    inputs = preprocess_inputs(images)
-    probs = class_probabilities(model, inputs)
-    rollout = attention_rollout(
-        attention_maps(model, inputs),
-        discard_ratio=args.discard_ratio,
-        head_fusion=args.head_fusion,
-        grid_size=model,
-    )
     try:
         os.makedirs(args.output, exist_ok=True)
     except OSError as error:
         raise UsageError(
             f"--output {args.output!r}: cannot create the folder ({error.strerror or error})"
         ) from None
-    top_k = min(args.top_k, probs.shape[-1])
     stems = output_stems(args.images)
-    for path, stem, image, prob, attention in zip(args.images, stems, originals, probs, rollout):
-        order = np.argsort(-prob)[:top_k]
-        names = [class_names[i] if class_names else str(i) for i in order]
-        # The overlay at the image's own size, and a titled side-by-side panel.
-        overlay = os.path.join(args.output, f"{stem}_attention.png")
-        Image.fromarray(attention_overlay(image, attention)).save(overlay)
-        panel = os.path.join(args.output, f"{stem}_explain.png")
-        plot_attention(image, attention, path=panel, title=f"{names[0]} ({prob[order[0]]:.1%})")
-        print(f"{path}: " + ", ".join(f"{n} {prob[i]:.3f}" for n, i in zip(names, order)))
-        print(f"  overlay: {overlay}  panel: {panel}")
+    # A few images at a time: each keeps its decoded original (for the overlay at its
+    # own size) and every block's attention maps (22 MB an image at ViT-B/16 224).
+    for start in range(0, len(args.images), EXPLAIN_CHUNK):
+        paths = args.images[start : start + EXPLAIN_CHUNK]
+        originals = [load_image(path) for path in paths]
+        inputs = preprocess_inputs(model_images(originals, size, channels))
+        probs = class_probabilities(model, inputs)
+        top_k = min(args.top_k, probs.shape[-1])
+        rollout = attention_rollout(
+            attention_maps(model, inputs),
+            discard_ratio=args.discard_ratio,
+            head_fusion=args.head_fusion,
+            grid_size=model,
+        )
+        chunk = zip(paths, stems[start:], originals, probs, rollout)
+        for path, stem, image, prob, attention in chunk:
+            order = np.argsort(-prob)[:top_k]
+            names = [class_names[i] if class_names else str(i) for i in order]
+            # The overlay at the image's own size, and a titled side-by-side panel.
+            overlay = os.path.join(args.output, f"{stem}_attention.png")
+            Image.fromarray(attention_overlay(image, attention)).save(overlay)
+            panel = os.path.join(args.output, f"{stem}_explain.png")
+            title = f"{names[0]} ({prob[order[0]]:.1%})"
+            plot_attention(image, attention, path=panel, title=title)
+            print(f"{path}: " + ", ".join(f"{n} {prob[i]:.3f}" for n, i in zip(names, order)))
+            print(f"  overlay: {overlay}  panel: {panel}")
     return 0

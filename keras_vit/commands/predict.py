@@ -21,7 +21,9 @@ def predict_files(model, paths, class_names=None, top_k=5):
 
     # A model built with dynamic_image_size=True gets the size it was built for.
     size, channels = model_image_size(model), model.inputs[0].shape[-1]
-    images = model_images([read_image(path) for path in paths], size, channels)
+    # Each image is resized as soon as it is read: only the model-size copies are kept
+    # (a 12-megapixel photo is 36 MB decoded, 0.15 MB at 224 x 224).
+    images = model_images((read_image(path) for path in paths), size, channels)
     # Softmax of the logits, or the head's own activation's output when it has one.
     probabilities = class_probabilities(model, preprocess_inputs(images))
     if class_names and len(class_names) != probabilities.shape[-1]:
