@@ -313,7 +313,8 @@ def list_image_folder(directory, skip_corrupt=False):
 
     Each class is a sub-folder (its images may sit in nested folders); files
     ending in IMAGE_EXTENSIONS (any case) are images, and hidden files and
-    folders (names starting with ".") are left out. Every image is decoded
+    folders (names starting with ".") are left out, and other files are left out
+    with a printed note that counts them. Every image is decoded
     with the decoder the pipeline uses: a file it cannot read raises
     ValueError naming it, or with `skip_corrupt=True` is left out and
     counted. A class sub-folder without any image raises ValueError.
@@ -334,17 +335,27 @@ def list_image_folder(directory, skip_corrupt=False):
             "Received: no sub-folders"
         )
     listed = []  # (label, path), class by class
+    others = []  # files that are not hidden and not images by their extension
     for label, name in enumerate(class_names):
         candidates = []
         for root, folders, files in os.walk(os.path.join(directory, name)):
             folders[:] = [folder for folder in folders if not _hidden(folder)]
-            candidates += [
-                (root, file)
-                for file in files
-                if not _hidden(file) and file.lower().endswith(IMAGE_EXTENSIONS)
-            ]
+            for file in files:
+                if _hidden(file):
+                    continue
+                if file.lower().endswith(IMAGE_EXTENSIONS):
+                    candidates.append((root, file))
+                else:
+                    others.append(os.path.join(root, file))
         # By folder, then by name: the order (and so the split) of earlier versions.
         listed += [(label, os.path.join(root, file)) for root, file in sorted(candidates)]
+    if others:  # a .tif, say, which TensorFlow's decoder cannot read: said, not silent
+        kinds = sorted({os.path.splitext(path)[1].lower() or "(none)" for path in others})
+        print(
+            f"Note: {len(others)} file(s) in the class folders of {directory} are left out: "
+            f"images are the files ending in {', '.join(IMAGE_EXTENSIONS)} (any case); "
+            f"left out: {', '.join(kinds[:10])}, such as {others[0]}"
+        )
     # Decoding releases the GIL: the images are checked on every core, in threads.
     with ThreadPoolExecutor(max_workers=min(32, os.cpu_count() or 1)) as pool:
         errors = list(pool.map(_decode_error, [path for _, path in listed]))

@@ -68,6 +68,28 @@ def test_folder_leaves_out_hidden_files_and_folders(tmp_path):
     assert list(labels[np.argsort(paths)]) == [0, 1] and skipped == []
 
 
+def test_folder_says_which_files_it_leaves_out_as_not_images(tmp_path, capsys):
+    # TIFFs (which predict reads, but TensorFlow's decoder cannot) were left out of
+    # training without a word; hidden files still are.
+    for name in ("a", "b"):
+        _save(str(tmp_path / name / "0.png"), Image.fromarray(PIXELS))
+    _save(str(tmp_path / "a" / "1.tif"), Image.fromarray(PIXELS))
+    _save(str(tmp_path / "b" / "2.TIFF"), Image.fromarray(PIXELS))
+    (tmp_path / "b" / "notes.txt").write_text("labels checked")
+    (tmp_path / "b" / ".DS_Store").write_bytes(b"\x00\x00\x00\x01Bud1")
+    capsys.readouterr()
+    paths, _, _, _ = data.list_image_folder(str(tmp_path))
+    assert len(paths) == 2
+    printed = capsys.readouterr().out
+    assert "3 file(s)" in printed and ".tif, .tiff, .txt" in printed and ".DS_Store" not in printed
+    for name in ("1.tif", "2.TIFF", "notes.txt"):
+        for folder in ("a", "b"):
+            if (tmp_path / folder / name).exists():
+                os.remove(tmp_path / folder / name)
+    data.list_image_folder(str(tmp_path))
+    assert capsys.readouterr().out == ""  # nothing left out, nothing said
+
+
 def test_folder_order_and_so_split_are_those_of_earlier_versions(tmp_path):
     """Images by folder, then by name, as before hidden entries were left out: the
     validation split of a run trained earlier stays the one `keras-vit evaluate` takes."""
