@@ -466,8 +466,10 @@ def load(spec=DIGITS, image_size=32, seed=0, validation_fraction=0.2, skip_corru
             image on each side); .npz files and tfds datasets bring their own split.
         skip_corrupt: leave out, rather than reject, a folder's unreadable images.
     """
+    if isinstance(spec, os.PathLike):
+        spec = os.fspath(spec)
     if not isinstance(spec, str) or not spec:
-        raise ValueError(f"`data` must be a non-empty string. Received: data={spec!r}")
+        raise ValueError(f"`data` must be a non-empty string or path. Received: data={spec!r}")
     image_size = positive_int("image_size", image_size)
     seed = check_seed("seed", seed)
     validation_fraction = _fraction("validation_fraction", validation_fraction)
@@ -476,7 +478,7 @@ def load(spec=DIGITS, image_size=32, seed=0, validation_fraction=0.2, skip_corru
         return from_arrays(x_train, y_train, x_val, y_val, [str(i) for i in range(10)])
     if spec.startswith("tfds:"):
         return _from_tfds(spec[len("tfds:") :], image_size)
-    if spec.endswith(".npz"):
+    if spec.lower().endswith(".npz"):
         if not os.path.isfile(spec):
             raise FileNotFoundError(f"No such .npz file. Received: data={spec!r}")
         return _from_npz(spec, image_size)

@@ -680,7 +680,7 @@ def _tpu_strategy(required):
         tf.tpu.experimental.initialize_tpu_system(resolver)
     except (ValueError, RuntimeError, tf.errors.OpError) as error:
         if required:
-            raise ValueError(f"--strategy tpu: no TPU found ({error})") from None
+            raise ValueError(f"no TPU found ({error})") from None
         return None
     return tf.distribute.TPUStrategy(resolver)
 

@@ -235,6 +235,13 @@ def test_a_malformed_tf_config_is_named_and_nothing_is_written(
     assert not out.exists()
 
 
+def test_a_tpu_strategy_without_a_tpu_is_named_once(capsys, tmp_path, npz):
+    out = tmp_path / "run"
+    result = run_cli(capsys, "train", "--data", npz, *TINY, "--strategy", "tpu", "--output", out)
+    assert_usage_error(result, "--strategy tpu: no TPU found")
+    assert result[2].count("--strategy tpu") == 1  # it was "--strategy tpu: --strategy tpu: ..."
+
+
 @pytest.mark.parametrize("command", ["train", "evaluate"])
 @pytest.mark.parametrize("seed", ["-1", "4294967296"])
 def test_a_seed_no_library_takes_is_a_usage_error(capsys, tmp_path, npz, command, seed):

@@ -86,6 +86,21 @@ def test_load_checks_arguments_for_every_source(source, kwargs, match, folder):
         data.load(spec, **kwargs)
 
 
+def test_load_takes_paths_and_npz_files_named_in_capitals(folder, tmp_path):
+    # A pathlib.Path was refused as not a string, and "X.NPZ" as not a .npz file.
+    import pathlib
+
+    assert data.load(pathlib.Path(folder), image_size=8).train_size == 5
+    path = tmp_path / "SMALL.NPZ"
+    with open(path, "wb") as file:
+        np.savez(file, x_train=X, y_train=Y, x_test=X[:4], y_test=Y[:4])
+    for spec in (str(path), path):
+        loaded = data.load(spec, image_size=8)
+        assert (loaded.train_size, loaded.validation_size) == (12, 4)
+    with pytest.raises(ValueError, match="non-empty string or path"):
+        data.load(3)
+
+
 def test_folder_split_keeps_an_image_on_each_side(folder, tmp_path):
     d = data.load(folder, image_size=8, validation_fraction=0.01)
     assert (d.train_size, d.validation_size) == (5, 1)

@@ -137,7 +137,7 @@ def check_data_spec(spec, flag="--data"):
 
     if spec == data_module.DIGITS or (spec.startswith("tfds:") and len(spec) > len("tfds:")):
         return
-    if spec.endswith(".npz"):
+    if spec.lower().endswith(".npz"):
         if not os.path.isfile(spec):
             raise UsageError(f"{flag}: no such .npz file. Received: {flag[2:]}={spec!r}")
         return
@@ -205,7 +205,7 @@ def load_data(spec, image_size, seed=0, skip_corrupt=False, flag="--data"):
 
 def validation_hint(spec, data):
     """Why `data` has no validation image, and what to do about it."""
-    if spec.endswith(".npz"):
+    if spec.lower().endswith(".npz"):
         return "its x_test and y_test are empty; put validation images in them"
     if spec.startswith("tfds:"):
         return "its validation (or test) split is empty"
