@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from keras_vit.layers._checks import one_of, positive_int
+from keras_vit.layers._checks import boolean, one_of, positive_int
 from keras_vit.layers._checks import seed as check_seed
 from keras_vit.preprocessing import pixel_range_error
 
@@ -472,6 +472,7 @@ def load(spec=DIGITS, image_size=32, seed=0, validation_fraction=0.2, skip_corru
         raise ValueError(f"`data` must be a non-empty string or path. Received: data={spec!r}")
     image_size = positive_int("image_size", image_size)
     seed = check_seed("seed", seed)
+    skip_corrupt = boolean("skip_corrupt", skip_corrupt)
     validation_fraction = _fraction("validation_fraction", validation_fraction)
     if spec == DIGITS:
         x_train, y_train, x_val, y_val = digits_arrays(image_size, seed, validation_fraction)

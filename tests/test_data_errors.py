@@ -77,6 +77,7 @@ def test_from_arrays_accepts_integral_float_labels_and_float_pixels():
         (dict(seed=-1), r"`seed` must be an integer in \[0, 2\*\*32 - 1\].*seed=-1"),
         (dict(seed=2**32), "`seed`.*seed=4294967296"),
         (dict(seed=1.5), "`seed`.*seed=1.5"),
+        (dict(skip_corrupt="no"), "`skip_corrupt` must be True or False.*'no'"),  # was True
     ],
 )
 @pytest.mark.parametrize("source", ["digits", "folder"])
