@@ -31,7 +31,6 @@ def add_arguments(parser):
 
 
 def run(args):
-
     from keras_vit import data as data_module
     from keras_vit import training
     from keras_vit.commands._common import (

@@ -53,8 +53,9 @@ def infer_config(path, num_heads=None, image_size=None):
     or Hugging Face file, which do not store it: `num_heads` then defaults
     to the published count for the width (`PUBLISHED_HEADS`: 16 heads at
     1280, 1408 and 1664, as in ViT-H/14, ViT-g/14 and ViT-G/14) and to
-    hidden_dim / 64 at any other (true of ViT-Ti, S, B and L). The image size is the checkpoint's square grid times
-    the patch size unless `image_size` is given.
+    hidden_dim / 64 at any other (true of ViT-Ti, S, B and L). The image
+    size is the checkpoint's square grid times the patch size unless
+    `image_size` is given.
 
     Returns:
         A dict: image_size, patch_size, num_layers, num_heads, hidden_dim,
