@@ -200,7 +200,8 @@ def _one_hot_labels(y_true, y_pred):
     def one_hot(ids):
         return ops.one_hot(ops.cast(ids, "int32"), classes, dtype=y_pred.dtype)
 
-    if getattr(y_true.shape, "rank", 0) is not None:  # a TensorShape of unknown rank
+    # Known rank: a tuple (JAX, NumPy) or a TensorShape whose rank is not None.
+    if getattr(y_true.shape, "rank", 0) is not None:
         rank = len(y_pred.shape)
         if len(y_true.shape) == rank and y_true.shape[-1] == 1 and classes != 1:
             y_true = ops.squeeze(y_true, axis=-1)

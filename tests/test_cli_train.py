@@ -117,6 +117,21 @@ def _weights(folder):
     return [w.numpy() for w in model.weights]
 
 
+def _straight_and_killed(tmp_path, command, kill_at):
+    """The folders of `command` run to its end and run until SIGKILL after step `kill_at`."""
+    straight, killed = str(tmp_path / "straight"), str(tmp_path / "killed")
+    result = _cli(*command, "--output", straight)
+    assert result.returncode == 0, result.stderr[-2000:]
+    result = _cli(*command, "--output", killed, KERAS_VIT_KILL_AT_STEP=str(kill_at))
+    assert result.returncode == -9, result.stderr[-2000:]
+    return straight, killed
+
+
+def _assert_same_weights(folder, other):
+    for a, b in zip(_weights(folder), _weights(other), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
 def test_sigkill_mid_epoch_then_resume_matches_uninterrupted(npz, tmp_path):
     """6 steps per epoch, 3 epochs; backups every 5 steps; killed after step 11 (epoch 2).
 
@@ -125,11 +140,7 @@ def test_sigkill_mid_epoch_then_resume_matches_uninterrupted(npz, tmp_path):
     of epoch 2, not from the step-10 backup again.
     """
     common = ["train", "--data", npz, *TINY, "--epochs", "3", "--backup-steps", "5"]
-    straight, killed = str(tmp_path / "straight"), str(tmp_path / "killed")
-    result = _cli(*common, "--output", straight)
-    assert result.returncode == 0, result.stderr[-2000:]
-    result = _cli(*common, "--output", killed, KERAS_VIT_KILL_AT_STEP="11")
-    assert result.returncode == -9, result.stderr[-2000:]
+    straight, killed = _straight_and_killed(tmp_path, common, kill_at=11)
     with open(os.path.join(killed, "backup", "training_metadata.json")) as file:
         assert json.load(file)["epoch"] == 1  # the backup is mid-epoch 2
     assert not os.path.exists(os.path.join(killed, "model.keras"))
@@ -140,8 +151,7 @@ def test_sigkill_mid_epoch_then_resume_matches_uninterrupted(npz, tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     assert "resuming at step 10" in result.stdout
     assert not os.path.exists(os.path.join(killed, ".keras-vit-train.lock"))
-    for a, b in zip(_weights(straight), _weights(killed), strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    _assert_same_weights(straight, killed)
     with open(os.path.join(killed, "history.json")) as file:
         assert len(json.load(file)["loss"]) == 3
 
@@ -156,16 +166,11 @@ def test_sigkill_after_an_epochs_last_step_then_resume_keeps_every_epochs_row(np
     ends epoch 1 again.
     """
     common = ["train", "--data", npz, *TINY, "--epochs", "2", "--backup-steps", "3"]
-    straight, killed = str(tmp_path / "straight"), str(tmp_path / "killed")
-    result = _cli(*common, "--output", straight)
-    assert result.returncode == 0, result.stderr[-2000:]
-    result = _cli(*common, "--output", killed, KERAS_VIT_KILL_AT_STEP="6")
-    assert result.returncode == -9, result.stderr[-2000:]
+    straight, killed = _straight_and_killed(tmp_path, common, kill_at=6)
     result = _cli("train", "--output", killed, "--resume", "--quiet")
     assert result.returncode == 0, result.stderr[-2000:]
     assert "resuming at step 3" in result.stdout
-    for a, b in zip(_weights(straight), _weights(killed), strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    _assert_same_weights(straight, killed)
     histories = []
     for folder in (straight, killed):
         with open(os.path.join(folder, "history.json")) as file:

@@ -11,14 +11,17 @@ from keras_vit.cli import UsageError
 
 
 def seed_argument(text):
-    """argparse type of --seed: an integer in [0, 2**32 - 1], as NumPy and Keras take."""
+    """argparse type of --seed: an integer in [0, 2**32 - 1], as NumPy and Keras take
+    (the bound of keras_vit.layers._checks.seed)."""
+    from keras_vit.layers._checks import SEED_LIMIT
+
     try:
         value = int(text)
     except ValueError:
         value = None
-    if value is None or not 0 <= value < 2**32:
+    if value is None or not 0 <= value < SEED_LIMIT:
         raise argparse.ArgumentTypeError(
-            f"must be an integer in [0, 2**32 - 1] (4294967295), got {text!r}"
+            f"must be an integer in [0, 2**32 - 1] ({SEED_LIMIT - 1}), got {text!r}"
         )
     return value
 
